@@ -1,0 +1,1 @@
+"""specbound.executor: the reference speculative decoders, run on real llama-family models with torch."""

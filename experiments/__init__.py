@@ -1,0 +1,1 @@
+"""specbound.experiments: the command line, validation runs, benchmarks, reports and plots."""

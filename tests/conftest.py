@@ -1,0 +1,18 @@
+"""Shared test configuration: hypothesis profiles.
+
+Every property runs at least 200 examples. On CI (the ``CI`` environment variable is set) the examples are
+derandomised so that a red run reproduces exactly on a developer's machine.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "dev",
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")

@@ -1,0 +1,101 @@
+"""Input checks shared by every public function of :mod:`theory`.
+
+Each check raises :class:`ValueError` naming the argument and what is wrong with it, and returns the value
+in the form the caller computes with (float64 arrays, Python ints). Nothing is silently renormalised: a
+probability vector whose sum is off 1 by more than :data:`SUM_TOLERANCE` is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from numbers import Integral, Real
+
+import numpy as np
+
+#: Largest tolerated deviation of a probability vector's sum from 1.
+SUM_TOLERANCE = 1e-6
+
+
+def as_distribution(value, name: str) -> np.ndarray:
+    """Return ``value`` as a float64 array of probability vectors along its last axis.
+
+    Leading axes are a batch. Raises ``ValueError`` naming ``name`` for an empty array, NaN or infinite
+    entries, negative entries, or a row whose sum differs from 1 by more than :data:`SUM_TOLERANCE`.
+    """
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be an array of probabilities: {error}") from None
+    if array.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (the vocabulary), got a scalar")
+    if array.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (shape {array.shape})")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    if np.any(array < 0):
+        raise ValueError(f"{name} contains negative entries (smallest {array.min():.3g})")
+    sums = array.sum(axis=-1)
+    worst = np.max(np.abs(sums - 1.0))
+    if worst > SUM_TOLERANCE:
+        raise ValueError(
+            f"{name} must sum to 1 along its last axis; a row sums to {np.ravel(sums)[np.argmax(np.abs(np.ravel(sums) - 1))]:.9g}"
+            f" (off by {worst:.3g} > {SUM_TOLERANCE:g})"
+        )
+    return array
+
+
+def as_distribution_pair(p, q, p_name: str = "p", q_name: str = "q") -> tuple[np.ndarray, np.ndarray]:
+    """Check a target/draft pair and broadcast their batch axes; the vocabulary axes must match exactly."""
+    p = as_distribution(p, p_name)
+    q = as_distribution(q, q_name)
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"{p_name} and {q_name} must share the vocabulary axis: {p_name} has {p.shape[-1]} tokens, "
+            f"{q_name} has {q.shape[-1]}"
+        )
+    try:
+        p, q = np.broadcast_arrays(p, q)
+    except ValueError:
+        raise ValueError(
+            f"{p_name} and {q_name} have batch shapes that do not broadcast: {p.shape} and {q.shape}"
+        ) from None
+    return p, q
+
+
+def as_count(value, name: str, minimum: int = 1) -> int:
+    """Return ``value`` as an int, requiring an integer (not a bool) that is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def as_nonnegative(value, name: str) -> float:
+    """Return ``value`` as a float, requiring a finite real number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return float(value)
+
+
+def as_probabilities(value, name: str) -> np.ndarray:
+    """Return ``value`` as a float64 array whose entries are probabilities in [0, 1] (not a distribution)."""
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be an array of probabilities: {error}") from None
+    if array.size and not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    if array.size and (array.min() < 0 or array.max() > 1):
+        raise ValueError(f"{name} entries must lie in [0, 1], got range [{array.min():.3g}, {array.max():.3g}]")
+    return array
+
+
+def as_choice(value, name: str, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise naming the argument and the valid choices."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value

@@ -1,0 +1,137 @@
+"""Draft sampling methods: the laws P on ordered n-tuples of draft tokens, enumerated and sampled.
+
+A draft sampling method turns one draft distribution ``q`` into ``n`` ordered drafts ``(x_1, ..., x_n)``:
+
+``"iid"``
+    with replacement, :math:`P(\\bar x) = \\prod_j q(x_j)` (SpecInfer, SpecTr).
+``"wor"``
+    without replacement, successive sampling (Gumbel-top-n, Plackett-Luce order),
+    :math:`P(\\bar x) = \\prod_j q(x_j) / (1 - \\sum_{l<j} q(x_l))` for distinct tokens (Jeon et al. 2024;
+    Hu et al. ICLR 2025).
+``"greedy"``
+    the top ``n - 1`` tokens of ``q`` in decreasing order (ties to the lower index), then one draw from ``q``
+    restricted to the remaining tokens and renormalised (Hu et al. ICLR 2025).
+``"spechub"``
+    ``n = 2``; with hub ``a = argmax q`` (first index), the pair ``(i, a)`` has probability ``q(i)`` for
+    ``i != a`` and ``(a, i)`` has probability ``q(a) q(i) / (1 - q(a))`` (Sun et al., SpecHub, EMNLP 2024).
+``"independent"``
+    ``q`` has one row per draft, :math:`P(\\bar x) = \\prod_k q_k(x_k)` (several draft models, SpecInfer).
+
+Enumeration is exact and meant for small vocabularies (tests, oracles, exact output distributions).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from theory._validation import as_choice, as_count, as_distribution
+
+DRAFT_LAWS = ("iid", "wor", "greedy", "spechub", "independent")
+
+
+def check_draft_law(q, n, draft: str) -> tuple[np.ndarray, int]:
+    """Validate a single draft distribution for a draft law; return ``(q, n)``.
+
+    ``q`` is ``(V,)`` for every law but ``"independent"``, where it is ``(n, V)``. Raises ``ValueError``
+    when the law cannot produce ``n`` drafts from ``q`` (too few tokens with ``q > 0`` for ``"wor"``,
+    ``"greedy"`` and ``"spechub"``; ``n != 2`` for ``"spechub"``).
+    """
+    draft = as_choice(draft, "draft", DRAFT_LAWS)
+    n = as_count(n, "n")
+    q = as_distribution(q, "q")
+    if draft == "independent":
+        if q.ndim != 2 or q.shape[0] != n:
+            raise ValueError(f"q must have shape (n, V) = ({n}, V) for draft='independent', got {q.shape}")
+        return q, n
+    if q.ndim != 1:
+        raise ValueError(f"q must be a single distribution of shape (V,) here, got shape {q.shape}")
+    support = int(np.count_nonzero(q))
+    if draft == "spechub" and n != 2:
+        raise ValueError(f"n must be 2 for draft='spechub' (SpecHub is defined for two drafts), got {n}")
+    if draft in ("wor", "greedy", "spechub") and n > 1 and support < n:
+        raise ValueError(
+            f"n = {n} drafts with draft={draft!r} need at least n tokens with q > 0; q has {support}"
+        )
+    return q, n
+
+
+def top_tokens(q: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest entries of ``q``, largest first, ties broken towards the lower index."""
+    return np.argsort(-q, kind="stable")[:k]
+
+
+def enumerate_drafts(q, n, draft: str = "iid") -> tuple[np.ndarray, np.ndarray]:
+    """Every draft tuple with positive probability under the law, and its probability.
+
+    Returns ``(tuples, probabilities)`` with ``tuples`` an int array of shape ``(M, n)`` (ordered drafts,
+    in draw order) and ``probabilities`` of shape ``(M,)`` summing to 1. Cost grows like ``V**n``.
+    """
+    q, n = check_draft_law(q, n, draft)
+    tuples: list[tuple[int, ...]] = []
+    probabilities: list[float] = []
+    if draft == "independent":
+        supports = [np.flatnonzero(row) for row in q]
+        for combo in itertools.product(*supports):
+            tuples.append(combo)
+            probabilities.append(float(np.prod([q[k, x] for k, x in enumerate(combo)])))
+    elif draft == "iid":
+        for combo in itertools.product(np.flatnonzero(q), repeat=n):
+            tuples.append(combo)
+            probabilities.append(float(np.prod(q[list(combo)])))
+    elif draft == "wor":
+        for combo in itertools.permutations(np.flatnonzero(q), n):
+            probability, drawn = 1.0, 0.0
+            for x in combo:
+                probability *= q[x] / (1.0 - drawn)
+                drawn += q[x]
+            tuples.append(combo)
+            probabilities.append(probability)
+    elif draft == "greedy":
+        top = top_tokens(q, n - 1)
+        rest_mass = 1.0 - q[top].sum()
+        for x in np.flatnonzero(q):
+            if x not in top:
+                tuples.append((*top, x))
+                probabilities.append(q[x] / rest_mass)
+    else:  # spechub
+        hub = int(np.argmax(q))
+        for i in np.flatnonzero(q):
+            if i != hub:
+                tuples.append((i, hub))
+                probabilities.append(q[i])
+                tuples.append((hub, i))
+                probabilities.append(q[hub] * q[i] / (1.0 - q[hub]))
+    return np.array(tuples, dtype=np.int64).reshape(-1, n), np.array(probabilities, dtype=np.float64)
+
+
+def sample_drafts(q, n, draft: str, rng: np.random.Generator) -> np.ndarray:
+    """Draw one ordered tuple of ``n`` drafts from the law (int array of shape ``(n,)``, in draw order).
+
+    ``"wor"`` uses the Gumbel-top-n trick: the tokens with the ``n`` largest ``log q + Gumbel`` scores, in
+    decreasing score order, follow the successive-sampling law exactly.
+    """
+    q, n = check_draft_law(q, n, draft)
+    vocab = q.shape[-1]
+    if draft == "independent":
+        return np.array([rng.choice(vocab, p=row) for row in q], dtype=np.int64)
+    if draft == "iid":
+        return rng.choice(vocab, size=n, p=q).astype(np.int64)
+    if draft == "wor":
+        with np.errstate(divide="ignore"):
+            scores = np.log(q) + rng.gumbel(size=vocab)
+        return np.argsort(-scores, kind="stable")[:n].astype(np.int64)
+    if draft == "greedy":
+        top = top_tokens(q, n - 1)
+        rest = q.copy()
+        rest[top] = 0.0
+        last = rng.choice(vocab, p=rest / rest.sum())
+        return np.array([*top, last], dtype=np.int64)
+    hub = int(np.argmax(q))  # spechub
+    first = int(rng.choice(vocab, p=q))
+    if first != hub:
+        return np.array([first, hub], dtype=np.int64)
+    rest = q.copy()
+    rest[hub] = 0.0
+    return np.array([hub, rng.choice(vocab, p=rest / rest.sum())], dtype=np.int64)
