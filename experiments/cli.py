@@ -12,6 +12,7 @@ import sys
 
 #: sub-command name -> module under experiments.commands
 COMMANDS = {
+    "plan-length": "plan_length",
 }
 
 

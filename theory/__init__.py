@@ -6,3 +6,31 @@ number of drafts per step and ``gamma`` the draft length of a chain. Nothing her
 """
 
 # Each problem family lives in its own module; the public names are re-exported here.
+from theory.length import continuous_optimal_draft_length, expected_tokens, optimal_draft_length, speedup
+from theory.length_policies import (
+    ConfidenceBuckets,
+    DraftState,
+    ExitChoice,
+    IIDAcceptance,
+    LengthCosts,
+    LengthPolicy,
+    LengthRule,
+    PositionalAcceptance,
+    RuleEvaluation,
+    del_exit_choice,
+    entropy_stop,
+    evaluate_rule,
+    fixed_length_rule,
+    heuristic_schedule,
+    kangaroo_confidence_stop,
+    optimal_length_policy,
+    rank_rules,
+    simulate_rule,
+    specdecpp_threshold,
+)
+from theory.layer_parallel import (
+    LayerParallelSpeedup,
+    break_even_alpha_drop,
+    layer_parallel_draft_time,
+    layer_parallel_speedup,
+)
