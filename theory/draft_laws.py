@@ -81,28 +81,31 @@ def enumerate_drafts(q, n, draft: str = "iid") -> tuple[np.ndarray, np.ndarray]:
             tuples.append(combo)
             probabilities.append(float(np.prod(q[list(combo)])))
     elif draft == "wor":
-        for combo in itertools.permutations(np.flatnonzero(q), n):
-            probability, drawn = 1.0, 0.0
+        support = np.flatnonzero(q)
+        for combo in itertools.permutations(support, n):
+            probability, remaining = 1.0, set(support.tolist())
             for x in combo:
-                probability *= q[x] / (1.0 - drawn)
-                drawn += q[x]
+                # The mass not yet drawn, summed rather than 1 - drawn, which cancels for tiny tails.
+                probability *= q[x] / q[sorted(remaining)].sum()
+                remaining.discard(x)
             tuples.append(combo)
             probabilities.append(probability)
     elif draft == "greedy":
         top = top_tokens(q, n - 1)
-        rest_mass = 1.0 - q[top].sum()
+        rest_mass = np.delete(q, top).sum()  # not 1 - q(T), which cancels for tiny tails
         for x in np.flatnonzero(q):
             if x not in top:
                 tuples.append((*top, x))
                 probabilities.append(q[x] / rest_mass)
     else:  # spechub
         hub = int(np.argmax(q))
+        rest_mass = np.delete(q, hub).sum()  # not 1 - q(hub), which cancels for tiny tails
         for i in np.flatnonzero(q):
             if i != hub:
                 tuples.append((i, hub))
                 probabilities.append(q[i])
                 tuples.append((hub, i))
-                probabilities.append(q[hub] * q[i] / (1.0 - q[hub]))
+                probabilities.append(q[hub] * q[i] / rest_mass)
     return np.array(tuples, dtype=np.int64).reshape(-1, n), np.array(probabilities, dtype=np.float64)
 
 

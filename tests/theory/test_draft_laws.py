@@ -86,6 +86,14 @@ def test_independent_law_is_the_product_of_its_rows():
     assert law == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("draft,n", [("wor", 4), ("greedy", 3), ("spechub", 2)])
+def test_laws_stay_exact_when_the_undrawn_mass_is_below_rounding(draft, n):
+    # 1 - (mass drawn) cancels to 0 here; the remaining mass must be summed instead.
+    q = np.array([1 / 3, 1 / 3, 1 / 3 - 1e-300, 1e-300]) if draft == "wor" else np.array([0.5, 0.5 - 1e-300, 1e-300])
+    tuples, probabilities = enumerate_drafts(q, n, draft)
+    assert np.all(np.isfinite(probabilities)) and probabilities.sum() == pytest.approx(1.0, abs=1e-12)
+
+
 def test_top_tokens_breaks_ties_towards_the_lower_index():
     assert top_tokens(np.array([0.25, 0.25, 0.5, 0.0]), 3).tolist() == [2, 0, 1]
 
