@@ -12,7 +12,9 @@ import sys
 
 #: sub-command name -> module under experiments.commands
 COMMANDS = {
+    "bound": "bound",
     "plan-length": "plan_length",
+    "plan-tree": "plan_tree",
 }
 
 

@@ -6,6 +6,15 @@ number of drafts per step and ``gamma`` the draft length of a chain. Nothing her
 """
 
 # Each problem family lives in its own module; the public names are re-exported here.
+from theory import strategies  # hypothesis strategies for users' property tests
+from theory.lossless import LosslessReport, check_lossless
+from theory.verifiers import Verifier, verifier
+from theory.multidraft import (
+    AcceptanceCertificate,
+    acceptance_rate,
+    optimal_acceptance,
+    optimal_acceptance_certificate,
+)
 from theory.length import continuous_optimal_draft_length, expected_tokens, optimal_draft_length, speedup
 from theory.length_policies import (
     ConfidenceBuckets,
@@ -33,4 +42,17 @@ from theory.layer_parallel import (
     break_even_alpha_drop,
     layer_parallel_draft_time,
     layer_parallel_speedup,
+)
+from theory.staged import StagedStep, expected_rounds, staged_step
+from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
+from theory.trees import (
+    DynamicTree,
+    Tree,
+    TreeSolution,
+    dynamic_tree,
+    greedy_tree,
+    optimal_tree,
+    simulate_tree_tokens,
+    tree_expected_tokens,
+    tree_token_distribution,
 )

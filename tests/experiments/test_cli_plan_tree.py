@@ -1,0 +1,198 @@
+"""``specbound plan-tree``: text and JSON output agree with the theory; bad files give a clean error."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from theory import Tree, optimal_tree, plan_tree, tree_expected_tokens
+
+ACC = [0.6, 0.2, 0.1]
+TIMES = {"1": 1.0, "4": 1.0, "8": 1.1, "16": 1.3, "32": 1.8}
+
+
+@pytest.fixture
+def files(tmp_path):
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps(ACC))
+    latency = tmp_path / "lat.json"
+    latency.write_text(json.dumps(TIMES))
+    return acc, latency
+
+
+def run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_output_with_latency_is_the_planners_choice(files, capsys):
+    acc, latency = files
+    report = run_json(
+        capsys,
+        [
+            "plan-tree",
+            "--acceptance",
+            str(acc),
+            "--budget",
+            "32",
+            "--latency",
+            str(latency),
+            "--draft-time",
+            "0.05",
+        ],
+    )
+    plan = plan_tree(ACC, {int(k): v for k, v in TIMES.items()}, 0.05, max_budget=32, max_depth=16)
+    tree = Tree(report["tree"]["parents"])
+    assert tree == plan.tree
+    assert report["expected_tokens"] == pytest.approx(tree_expected_tokens(tree, ACC))
+    assert report["speedup"] == pytest.approx(plan.speedup)
+    assert report["level_sizes"] == tree.level_sizes().tolist()
+    assert len(report["alternatives"]) == 5
+    speedups = [report["speedup"]] + [a["speedup"] for a in report["alternatives"]]
+    assert speedups == sorted(speedups, reverse=True)
+
+
+def test_without_latency_the_tree_is_the_optimal_tree_of_the_budget(files, capsys):
+    acc, _ = files
+    report = run_json(capsys, ["plan-tree", "--acceptance", str(acc), "--budget", "20"])
+    solution = optimal_tree(ACC, 20, max_depth=16)
+    assert report["size"] == 20
+    assert report["expected_tokens"] == pytest.approx(solution.expected_tokens)
+    assert report["speedup"] == pytest.approx(solution.expected_tokens)  # flat verification, free drafting
+    assert all(a["size"] == 20 for a in report["alternatives"])
+
+
+def test_text_output_draws_the_tree_and_lists_alternatives(files, capsys):
+    acc, latency = files
+    assert (
+        main(
+            [
+                "plan-tree",
+                "--acceptance",
+                str(acc),
+                "--budget",
+                "16",
+                "--latency",
+                str(latency),
+                "--draft-time",
+                "0.05",
+                "--top",
+                "3",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    plan = plan_tree(ACC, {int(k): v for k, v in TIMES.items()}, 0.05, max_budget=16, max_depth=16)
+    assert f"Expected tokens per step: {plan.expected_tokens:.4f}" in out
+    assert f"Predicted speedup: {plan.speedup:.3f}x" in out
+    assert plan.tree.ascii() in out
+    assert plan.tree.to_json() in out
+    table = out.split("Top alternatives:")[1].strip().splitlines()
+    assert len(table) == 1 + 3
+
+
+def test_sequoia_repository_formats_are_accepted(tmp_path, capsys):
+    counts = np.array(
+        [
+            423,
+            72,
+            38,
+            15,
+            13,
+            10,
+            3,
+            2,
+            8,
+            3,
+            5,
+            3,
+            4,
+            2,
+            1,
+            2,
+            1,
+            2,
+            0,
+            2,
+            2,
+            2,
+            0,
+            1,
+            0,
+            1,
+            0,
+            0,
+            0,
+            1,
+            1,
+            1,
+        ]
+    )
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps({"acceptance": (counts / 667).tolist()}))
+    latency = tmp_path / "lat.json"
+    latency.write_text(json.dumps({"sizes": [1, 2, 4, 8, 16, 32], "times": [10, 10, 10, 12, 14, 18]}))
+    report = run_json(
+        capsys,
+        [
+            "plan-tree",
+            "--acceptance",
+            str(acc),
+            "--budget",
+            "128",
+            "--latency",
+            str(latency),
+            "--draft-time",
+            "0.3",
+            "--max-depth",
+            "9",
+            "--convention",
+            "sequoia-repo",
+        ],
+    )
+    assert report["tree"]["parents"] == [-1, 0, 1, 2]  # the repository's demo result
+    assert report["speedup"] == pytest.approx(2.04592, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "content, extra, message",
+    [
+        ("[1.5, 0.1]", [], "acc"),
+        ("[0.7, 0.6]", [], "at most 1"),
+        ("{", [], "not valid JSON"),
+        ('{"p": [0.5]}', [], "'acceptance' key"),
+        ("[0.5]", ["--budget", "0"], "max_budget"),
+        ("[0.5]", ["--draft-time", "-1"], "draft_time"),
+    ],
+)
+def test_bad_input_exits_with_status_2_and_a_message(tmp_path, capsys, content, extra, message):
+    acc = tmp_path / "acc.json"
+    acc.write_text(content)
+    argv = ["plan-tree", "--acceptance", str(acc), "--budget", "8"] + extra
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "latency, message",
+    [
+        ({"2": 1.0}, "1 token"),
+        ({"1": -1.0}, "non-negative"),
+        ({"x": 1.0}, "not an integer"),
+        ({"sizes": [1, 2], "times": [1.0]}, "same length"),
+        ([1.0, 2.0], "expected an object"),
+    ],
+)
+def test_bad_latency_files_exit_with_status_2(files, tmp_path, capsys, latency, message):
+    acc, _ = files
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(latency))
+    assert main(["plan-tree", "--acceptance", str(acc), "--budget", "8", "--latency", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_file_is_reported(tmp_path, capsys):
+    assert main(["plan-tree", "--acceptance", str(tmp_path / "none.json"), "--budget", "8"]) == 2
+    assert "cannot read" in capsys.readouterr().err
