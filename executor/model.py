@@ -1,0 +1,386 @@
+"""A compact llama-family decoder with a static, position-indexed KV cache.
+
+The model is the Llama architecture (Touvron et al., "LLaMA: Open and Efficient Foundation Language Models",
+arXiv 2302.13971, 2023) as used by SmolLM2 (Allal et al., "SmolLM2: When Smol Goes Big", arXiv 2502.02737,
+2025): RMSNorm (Zhang & Sennrich, NeurIPS 2019, arXiv 1910.07467), rotary position embeddings (Su et al.,
+"RoFormer", arXiv 2104.09864, 2021) in the Hugging Face ``rotate_half`` convention, grouped-query attention
+(Ainslie et al., EMNLP 2023, arXiv 2305.13245), a SwiGLU feed-forward (Shazeer, "GLU Variants Improve
+Transformer", arXiv 2002.05202, 2020) and, by default, tied input/output embeddings.
+
+The layout follows gpt-fast (pytorch-labs/gpt-fast, ``model.py``): the KV cache is preallocated and written at
+the slots named by ``cache_positions``, so rolling back rejected draft tokens is moving the caller's length
+pointer; nothing is ever cropped. Speculative decoding needs three more things, all in
+:meth:`Transformer.forward`:
+
+* a tree attention mask over cache slots and per-node RoPE positions (SpecInfer, Miao et al., ASPLOS 2024,
+  arXiv 2305.09781; Medusa, Cai et al., ICML 2024, arXiv 2401.10774), with
+  :meth:`Transformer.copy_cache_slots` to move the accepted path's K/V into contiguous slots afterwards;
+* early-exit logits from the first ``exit_layer`` layers through the shared final norm and LM head (LayerSkip,
+  Elhoushi et al., ACL 2024, arXiv 2404.16710);
+* the hidden state after the last layer run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ModelConfig", "Transformer"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a llama-family decoder.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of tokens :math:`V`.
+    dim : int
+        Width of the residual stream :math:`d`.
+    n_layers : int
+        Number of decoder layers :math:`L`.
+    n_heads : int
+        Query heads :math:`H`.
+    n_kv_heads : int
+        Key/value heads :math:`H_{kv}`; :math:`H` must be a multiple (grouped-query attention).
+    hidden_dim : int
+        Inner width of the SwiGLU feed-forward.
+    rope_theta : float
+        RoPE base :math:`\\theta`; frequencies are :math:`\\theta^{-2i/d_h}`.
+    norm_eps : float
+        RMSNorm :math:`\\varepsilon`.
+    max_seq_len : int
+        Default number of KV-cache slots allocated by :meth:`Transformer.setup_cache`.
+    tie_embeddings : bool
+        The LM head reuses ``tok_embeddings.weight`` (no ``output.weight`` parameter).
+    """
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    max_seq_len: int = 2048
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"the head dimension dim // n_heads ({self.head_dim}) must be even for RoPE")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, :math:`d_h = d / H`."""
+        return self.dim // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """:math:`x / \\sqrt{\\mathrm{mean}(x^2) + \\varepsilon} \\cdot w`, normalised in float32 (as in HF)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Map the two halves ``(a, b)`` of the last axis to ``(-b, a)`` (Hugging Face RoPE convention)."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class KVCache(nn.Module):
+    """Static per-layer key/value storage, shape ``(batch, n_kv_heads, slots, head_dim)``, written by slot."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, slots: int, head_dim: int, *, dtype, device) -> None:
+        super().__init__()
+        shape = (batch_size, n_kv_heads, slots, head_dim)
+        # Not persistent: the cache is run-time state, never part of a checkpoint.
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.index_copy_(2, cache_positions, k)
+        self.v.index_copy_(2, cache_positions, v)
+
+    def copy_slots(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        # index_select copies first, so overlapping source/destination slots are safe.
+        self.k.index_copy_(2, destination, self.k.index_select(2, source))
+        self.v.index_copy_(2, destination, self.v.index_select(2, source))
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over the KV-cache slots ``[0, S)`` under a boolean mask."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.head_dim
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache_positions: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.wq(x).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.kv_cache.write(cache_positions, k, v)
+        slots = attention_mask.shape[-1]
+        keys = self.kv_cache.k[:, :, :slots]
+        values = self.kv_cache.v[:, :, :slots]
+        group = self.n_heads // self.n_kv_heads
+        if group > 1:
+            # Query head h reads key/value head h // group, as in Hugging Face's repeat_kv.
+            keys = keys.repeat_interleave(group, dim=1)
+            values = values.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask)
+        return self.wo(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: :math:`W_2(\\mathrm{silu}(W_1 x) \\odot W_3 x)` (w1 = gate, w3 = up, w2 = down)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
+        self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm decoder layer over the residual stream ``x``.
+
+    :math:`h = x + \\mathrm{Attn}(\\mathrm{RMS}(x))`, output :math:`h + \\mathrm{FFN}(\\mathrm{RMS}(h))`.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x, cos, sin, cache_positions, attention_mask) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache_positions, attention_mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """A llama-family decoder with a static KV cache, tree attention and early exit.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The architecture. Parameters are initialised like a freshly built ``nn.Linear``/``nn.Embedding``;
+        load real weights with :func:`executor.weights.load_model`.
+
+    Notes
+    -----
+    State-dict keys: ``tok_embeddings.weight``, ``layers.{i}.attention_norm.weight``,
+    ``layers.{i}.attention.{wq,wk,wv,wo}.weight``, ``layers.{i}.ffn_norm.weight``,
+    ``layers.{i}.feed_forward.{w1,w2,w3}.weight``, ``norm.weight`` and, only when embeddings are untied,
+    ``output.weight``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.cache_slots = 0
+        self.cache_batch_size = 0
+
+    def setup_cache(self, max_seq_len: int | None = None, batch_size: int = 1) -> None:
+        """(Re)allocate a zeroed static KV cache of ``max_seq_len`` slots per layer.
+
+        Each layer gets keys and values of shape ``(batch_size, n_kv_heads, max_seq_len, head_dim)`` on the
+        parameters' device and dtype. ``max_seq_len`` defaults to ``config.max_seq_len``.
+        """
+        slots = self.config.max_seq_len if max_seq_len is None else max_seq_len
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        weight = self.tok_embeddings.weight
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(
+                batch_size,
+                self.config.n_kv_heads,
+                slots,
+                self.config.head_dim,
+                dtype=weight.dtype,
+                device=weight.device,
+            )
+        self.cache_slots = slots
+        self.cache_batch_size = batch_size
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache_positions: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        exit_layer: int | None = None,
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run ``tokens`` through the first ``exit_layer`` layers, writing their K/V at ``cache_positions``.
+
+        Parameters
+        ----------
+        tokens : LongTensor, shape (B, T)
+            Token ids; ``B`` must equal the cache's batch size.
+        cache_positions : LongTensor, shape (T,)
+            KV-cache slot of each token (distinct, in ``[0, max_seq_len)``).
+        positions : LongTensor, shape (T,), optional
+            RoPE positions; default ``cache_positions``. For a token tree, committed length + depth.
+        attention_mask : BoolTensor, shape (T, S), optional
+            ``True`` where query ``t`` may attend to cache slot ``s``; the keys are slots ``0 .. S-1``
+            (after this call's writes). Default: causal over slots, slot ``s`` visible to query ``t`` iff
+            ``s <= cache_positions[t]``, with ``S = max(cache_positions) + 1``. Every row needs one ``True``.
+        exit_layer : int, optional
+            Run only layers ``[0, exit_layer)`` and then the final norm and LM head (early-exit logits).
+            Default: all layers.
+        return_hidden : bool
+            Also return the hidden state after the last layer run (before the final norm).
+
+        Returns
+        -------
+        logits : Tensor, shape (B, T, V), float32
+        hidden : Tensor, shape (B, T, dim), only if ``return_hidden``
+        """
+        if self.cache_slots == 0:
+            raise ValueError("the KV cache is not allocated; call setup_cache(max_seq_len, batch_size) first")
+        self._check_inputs(tokens, cache_positions, positions, attention_mask)
+        n_layers = self.config.n_layers if exit_layer is None else exit_layer
+        if (
+            isinstance(n_layers, bool)
+            or not isinstance(n_layers, int)
+            or not 0 <= n_layers <= self.config.n_layers
+        ):
+            raise ValueError(
+                f"exit_layer must be an integer in [0, {self.config.n_layers}], got {exit_layer!r}"
+            )
+        if attention_mask is None:
+            slots = int(cache_positions.max()) + 1
+            attention_mask = torch.arange(slots, device=tokens.device) <= cache_positions[:, None]
+        cos, sin = self._rope(cache_positions if positions is None else positions)
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers[:n_layers]:
+            x = layer(x, cos, sin, cache_positions, attention_mask)
+        hidden = x
+        x = self.norm(x)
+        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+        logits = F.linear(x, weight).float()
+        return (logits, hidden) if return_hidden else logits
+
+    def copy_cache_slots(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy the K/V of every layer from cache slots ``source`` to slots ``destination`` (both shape (K,)).
+
+        After tree verification, this moves the accepted path's entries into the contiguous slots that follow
+        the committed prefix (Medusa's and EAGLE's gather-and-compact ``update_inference_inputs``).
+        """
+        if self.cache_slots == 0:
+            raise ValueError("the KV cache is not allocated; call setup_cache(max_seq_len, batch_size) first")
+        for name, index in (("source", source), ("destination", destination)):
+            self._check_slots(index, name)
+        if source.shape != destination.shape:
+            raise ValueError(
+                f"source and destination must have the same length, got {tuple(source.shape)} and "
+                f"{tuple(destination.shape)}"
+            )
+        if torch.unique(destination).numel() != destination.numel():
+            raise ValueError("destination must not repeat a slot")
+        for layer in self.layers:
+            layer.attention.kv_cache.copy_slots(source, destination)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Angles in float32 (as Hugging Face computes them), then cast to the activations' dtype. The
+        # frequencies are recomputed rather than stored, so a model built on the meta device needs no fix-up.
+        head_dim = self.config.head_dim
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+        inverse_frequencies = 1.0 / self.config.rope_theta**exponents
+        angles = positions.to(torch.float32)[:, None] * inverse_frequencies[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        dtype = self.tok_embeddings.weight.dtype
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def _check_slots(self, index: torch.Tensor, name: str) -> None:
+        if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype != torch.long:
+            raise ValueError(f"{name} must be a 1-D LongTensor of cache slots")
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.cache_slots):
+            raise ValueError(f"{name} must lie in [0, {self.cache_slots}) (the cache size)")
+
+    def _check_inputs(self, tokens, cache_positions, positions, attention_mask) -> None:
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
+            raise ValueError("tokens must be a LongTensor of shape (batch, length)")
+        batch, length = tokens.shape
+        if length == 0:
+            raise ValueError("tokens must contain at least one token")
+        if batch != self.cache_batch_size:
+            raise ValueError(
+                f"tokens has batch size {batch} but the KV cache was set up for {self.cache_batch_size}"
+            )
+        self._check_slots(cache_positions, "cache_positions")
+        if cache_positions.shape != (length,):
+            raise ValueError(
+                f"cache_positions must have shape ({length},), got {tuple(cache_positions.shape)}"
+            )
+        if positions is not None and (
+            not isinstance(positions, torch.Tensor) or positions.shape != (length,)
+        ):
+            raise ValueError(f"positions must be a tensor of shape ({length},)")
+        if attention_mask is not None:
+            if (
+                not isinstance(attention_mask, torch.Tensor)
+                or attention_mask.dtype != torch.bool
+                or attention_mask.ndim != 2
+                or attention_mask.shape[0] != length
+            ):
+                raise ValueError(f"attention_mask must be a BoolTensor of shape ({length}, S)")
+            if not 1 <= attention_mask.shape[1] <= self.cache_slots:
+                raise ValueError(
+                    f"attention_mask covers {attention_mask.shape[1]} slots; it must cover 1 to "
+                    f"{self.cache_slots} (the cache size)"
+                )

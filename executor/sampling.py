@@ -1,0 +1,265 @@
+"""Turning logits into probabilities and drawing tokens and drafts from them, in torch.
+
+These are the executor's twins of :mod:`theory.draft_laws`: the same draft laws, sampled with an explicit
+:class:`torch.Generator` (never the global seed). Every function is batched: the last axis of a probability
+tensor is the vocabulary and leading axes are a batch. Random draws are made on the generator's device, so the
+probability tensors must live on that device too (CPU or CUDA alike); a mismatch is a ``ValueError``.
+
+Probabilities are validated like :mod:`theory._validation` does (finite, non-negative, rows summing to 1) with
+a tolerance that depends on the dtype, because a float32 softmax over 49,152 tokens does not sum to 1 within
+the float64 tolerance of ``1e-6``.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import torch
+
+#: Draft laws with a torch sampler (the ``"independent"`` law of several draft models is sampled by calling
+#: :func:`sample_token` on each model's distribution).
+TORCH_DRAFT_LAWS = ("iid", "wor", "greedy", "spechub")
+
+# Largest tolerated |row sum - 1| per dtype; float64 matches theory._validation.SUM_TOLERANCE.
+_SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
+_LOW_PRECISION_SUM_TOLERANCE = 1e-2  # float16 / bfloat16
+
+
+def check_probabilities(probs: torch.Tensor, name: str, min_dim: int = 1) -> torch.Tensor:
+    """Validate a tensor of probability vectors along its last axis; return it in float64, rows renormalised.
+
+    Renormalising within the tolerance makes the float64 arithmetic downstream (and theory's checks, which
+    allow 1e-6) see exact distributions.
+
+    Raises ``ValueError`` naming ``name`` when ``probs`` is not a floating tensor with at least ``min_dim``
+    axes and a non-empty vocabulary, or has NaN, infinite or negative entries, or a row whose sum is off 1
+    by more than the dtype's tolerance (1e-6 for float64, 1e-4 for float32, 1e-2 below).
+    """
+    if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point torch.Tensor, got {type(probs).__name__}")
+    if probs.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} axes, got shape {tuple(probs.shape)}")
+    if probs.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (shape {tuple(probs.shape)})")
+    wide = probs.to(torch.float64)
+    if wide.numel() == 0:
+        return wide
+    if not bool(torch.isfinite(wide).all()):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    smallest = float(wide.min())
+    if smallest < 0:
+        raise ValueError(f"{name} contains negative entries (smallest {smallest:.3g})")
+    tolerance = _SUM_TOLERANCE.get(probs.dtype, _LOW_PRECISION_SUM_TOLERANCE)
+    worst = float((wide.sum(dim=-1) - 1.0).abs().max())
+    if worst > tolerance:
+        raise ValueError(
+            f"{name} must sum to 1 along its last axis; a row is off by {worst:.3g} > {tolerance:g}"
+        )
+    return wide / wide.sum(dim=-1, keepdim=True)
+
+
+def check_generator(generator: torch.Generator, tensor: torch.Tensor, name: str) -> None:
+    """Require a ``torch.Generator`` on the same device type as ``tensor`` (named ``name`` in the error)."""
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != tensor.device.type:
+        raise ValueError(
+            f"generator is on device {generator.device} but {name} is on {tensor.device}; "
+            "random draws are made on the generator's device, so put the tensors there"
+        )
+
+
+def _check_count(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def logits_to_probs(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Softmax of ``logits / temperature`` after Hugging Face's top-k and top-p filtering, as float32.
+
+    Applied in the order of ``transformers``' logits warpers: temperature, then top-k (keep every token whose
+    logit is at least the k-th largest, so ties at the boundary are kept), then top-p / nucleus (Holtzman et
+    al., ICLR 2020, arXiv 1904.09751): sort ascending, drop the tokens whose cumulative probability is
+    ``<= 1 - top_p``, always keeping the most likely token. Temperature 0 means greedy decoding: the result is
+    one-hot on ``argmax(logits)``, ties going to the lowest token id as in :func:`torch.argmax`.
+
+    Apply the same processing to the target and the draft before verification (speculative sampling is
+    lossless only with respect to the distributions it is given).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        Shape ``(..., V)``; finite or ``-inf`` (masked tokens), at least one finite entry per row.
+    temperature : float
+        ``>= 0``.
+    top_k : int or None
+        ``>= 1``; ``None`` keeps every token.
+    top_p : float or None
+        In ``(0, 1]``; ``None`` (or 1) keeps every token.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 probabilities of the same shape, on the same device.
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty vocabulary axis, got shape {tuple(logits.shape)}")
+    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature >= 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature == float("inf"):
+        raise ValueError("temperature must be finite, got inf")
+    if top_k is not None:
+        top_k = _check_count(top_k, "top_k")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, Real) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    scores = logits.to(torch.float32)
+    if bool(torch.isnan(scores).any()) or bool((scores == float("inf")).any()):
+        raise ValueError("logits contain NaN or +inf entries")
+    if not bool(torch.isfinite(scores).any(dim=-1).all()):
+        raise ValueError("logits have a row with no finite entry (every token masked)")
+    if temperature == 0:
+        winners = scores.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(scores).scatter_(-1, winners, 1.0)
+    scores = scores / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth_largest = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_scores, order = torch.sort(scores, dim=-1, stable=True)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative <= 1 - top_p
+        drop_sorted[..., -1] = False  # the most likely token always survives
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token from each probability vector along the last axis.
+
+    ``probs`` has shape ``(..., V)`` (any floating dtype; rows need not be exactly normalised, only
+    non-negative with a positive sum) and must be on ``generator``'s device. Returns an int64 tensor of shape
+    ``(...)``. Tokens with probability 0 are never drawn.
+    """
+    check_generator(generator, probs, "probs")
+    if not probs.is_floating_point() or probs.dim() < 1 or probs.shape[-1] == 0:
+        raise ValueError(f"probs must be a floating tensor with a vocabulary axis, got {tuple(probs.shape)}")
+    if bool((probs < 0).any()) or not bool(torch.isfinite(probs).all()):
+        raise ValueError("probs must be finite and non-negative")
+    if probs.numel() and not bool((probs.sum(dim=-1) > 0).all()):
+        raise ValueError("probs has a row with zero total probability")
+    return _draw(probs, generator)
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator, count: int | None = None) -> torch.Tensor:
+    """Unchecked draw with replacement per row of ``weights`` (``(..., V)``, >= 0, positive sum).
+
+    One token (shape ``(...)``) or ``count`` tokens (shape ``(..., count)``), by inverting the cumulative
+    sum: ``u * total`` with ``u ~ U[0, 1)`` falls in token ``i``'s interval ``[cdf[i-1], cdf[i])``, empty when
+    ``weights[i] == 0`` (an order of magnitude faster than :func:`torch.multinomial` at V = 49,152).
+    """
+    cdf = weights.to(torch.float64).cumsum(dim=-1)
+    total = cdf[..., -1:]
+    shape = (*weights.shape[:-1], 1 if count is None else count)
+    uniform = torch.rand(shape, dtype=torch.float64, device=weights.device, generator=generator)
+    # u * total can round up to total itself; stay strictly below it so the search ends inside the support.
+    point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    tokens = torch.searchsorted(cdf, point, right=True)
+    return tokens.squeeze(-1) if count is None else tokens
+
+
+def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest entries along the last axis, largest first, ties to the lower index.
+
+    The torch twin of :func:`theory.draft_laws.top_tokens` (a stable descending sort). :func:`torch.topk`
+    does not promise that tie order, so its answer is used only when no tie could reorder it; otherwise
+    (rare) the full stable sort decides.
+    """
+    if k == 1:
+        return q.argmax(dim=-1, keepdim=True)  # the first maximum
+    if k >= q.shape[-1]:
+        return torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
+    values, indices = torch.topk(q, k + 1, dim=-1, sorted=True)
+    boundary_tie = values[..., k - 1] == values[..., k]
+    misordered_tie = (values[..., 1:k] == values[..., : k - 1]) & (indices[..., 1:k] < indices[..., : k - 1])
+    if bool(boundary_tie.any()) or bool(misordered_tie.any()):
+        return torch.sort(q, dim=-1, descending=True, stable=True).indices[..., :k]
+    return indices[..., :k]
+
+
+def sample_drafts(q: torch.Tensor, n: int, law: str, generator: torch.Generator) -> torch.Tensor:
+    """Draw ``n`` ordered drafts per row of the draft distribution ``q`` under a draft law.
+
+    The torch twin of :func:`theory.draft_laws.sample_drafts` (Hu et al., "Towards Optimal Multi-draft
+    Speculative Decoding", ICLR 2025, arXiv 2502.18779, for the laws):
+
+    ``"iid"``
+        with replacement, :math:`P(\\bar x) = \\prod_j q(x_j)`.
+    ``"wor"``
+        without replacement (successive sampling), by the Gumbel-top-n trick: the ``n`` largest
+        ``log q + G`` with i.i.d. standard Gumbel ``G``, **in decreasing score order**, which is the draw
+        order of successive sampling, :math:`P(\\bar x) = \\prod_j q(x_j) / (1 - \\sum_{l<j} q(x_l))`.
+        Verify them in that order (:func:`executor.verification.verify_multidraft` with ``"rrs_wor"``).
+    ``"greedy"``
+        the top ``n - 1`` tokens of ``q`` (largest first, ties to the lower id) and one draw from ``q``
+        restricted to the other tokens.
+    ``"spechub"``
+        ``n = 2``, hub ``a = argmax q`` (first index): ``(i, a)`` with probability ``q(i)`` for ``i != a``,
+        ``(a, i)`` with probability ``q(a) q(i) / (1 - q(a))`` (Sun et al., SpecHub, EMNLP 2024,
+        arXiv 2411.05289).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(..., V)`` probabilities on ``generator``'s device.
+    n : int
+        Drafts per row, ``>= 1`` (exactly 2 for ``"spechub"``); ``"wor"``, ``"greedy"`` and ``"spechub"``
+        need at least ``n`` tokens with ``q > 0`` in every row.
+    law : str
+        One of :data:`TORCH_DRAFT_LAWS`.
+    generator : torch.Generator
+
+    Returns
+    -------
+    torch.Tensor
+        int64 drafts of shape ``(..., n)``, in draw order.
+    """
+    if law not in TORCH_DRAFT_LAWS:
+        raise ValueError(f"law must be one of {', '.join(map(repr, TORCH_DRAFT_LAWS))}; got {law!r}")
+    n = _check_count(n, "n")
+    check_generator(generator, q, "q")
+    q = check_probabilities(q, "q")
+    if law == "spechub" and n != 2:
+        raise ValueError(f"n must be 2 for law='spechub' (SpecHub is defined for two drafts), got {n}")
+    if law != "iid" and n > 1 and q.numel():
+        support = int((q > 0).sum(dim=-1).min())
+        if support < n:
+            raise ValueError(
+                f"n = {n} drafts with law={law!r} need at least n tokens with q > 0; a row has {support}"
+            )
+    if law == "iid":
+        return _draw(q, generator, n)
+    if law == "wor":
+        uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
+        scores = torch.log(q) + gumbel  # log 0 = -inf: tokens outside the support come last
+        return torch.topk(scores, n, dim=-1, sorted=True).indices
+    if law == "greedy":
+        top = top_tokens(q, n - 1)
+        rest = q.scatter(-1, top, 0.0)
+        return torch.cat([top, _draw(rest, generator).unsqueeze(-1)], dim=-1)
+    hub = top_tokens(q, 1)  # spechub; shape (..., 1)
+    first = _draw(q, generator).unsqueeze(-1)
+    second = _draw(q.scatter(-1, hub, 0.0), generator).unsqueeze(-1)
+    first_is_hub = first == hub
+    return torch.cat([first, torch.where(first_is_hub, second, hub)], dim=-1)

@@ -1,0 +1,443 @@
+"""Speculative verification kernels in torch: the executor's twins of :mod:`theory.verifiers`.
+
+Each function takes the target distribution ``p`` (``target_probs``) and the draft distribution ``q``
+(``draft_probs``) at the drafted positions, the drafts, and an explicit :class:`torch.Generator`, and returns
+what the step commits. Every kernel is batched over leading axes and vectorised over the vocabulary (loops
+run only over the ``n`` drafts or the ``gamma`` positions), and computes in float64 whatever the input dtype.
+Random draws are made on the generator's device, so the tensors must be there too.
+
+Accept tests are written ``u * denominator < numerator`` with ``u ~ U[0, 1)``: that accepts with probability
+``min(1, numerator / denominator)`` without dividing, never accepts a token the target gives probability 0,
+and always accepts a token the draft gives probability 0 but the target does not. Residual distributions are
+normalised with a guard: when their mass is 0 the algorithm never samples them (the rejection that leads
+there has probability 0), and the target is used instead of dividing by zero.
+
+Verifiers (:data:`MULTIDRAFT_VERIFIERS`; the draft law each expects is :data:`VERIFIER_DRAFT_LAW`):
+
+``"nss"``      naive speculative sampling (SpecInfer): ``y ~ p``, drafts ignored.
+``"naive"``    the single-draft rule on ``x_1``; its residual sample may equal another draft.
+``"rrs"``      recursive rejection sampling with i.i.d. drafts (SpecInfer's multi-step speculative sampling).
+``"rrs_wor"``  recursive rejection sampling for drafts drawn without replacement, verified in draw order.
+``"kseq"``     K-SEQ of SpecTr with the optimal division factor ``rho*``.
+``"spechub"``  SpecHub's verifier for its hub pair law (``n = 2``).
+``"greedy"``   Hu et al.'s verifier for the greedy draft law (top ``n - 1`` of ``q`` plus one draw).
+``"argmax"``   temperature 0: the output is ``argmax p``.
+
+For all of them the acceptance event is "the output token is one of the drafts", and the returned
+``accepted_index`` is the position of the first draft equal to the output (``-1`` if none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
+from theory.verifiers import verifier as theory_verifier
+
+#: The draft law (see :func:`executor.sampling.sample_drafts`) each multi-draft verifier is lossless for;
+#: ``"argmax"`` is deterministic and works with any drafts.
+VERIFIER_DRAFT_LAW = {
+    "nss": "iid",
+    "naive": "iid",
+    "rrs": "iid",
+    "rrs_wor": "wor",
+    "kseq": "iid",
+    "spechub": "spechub",
+    "greedy": "greedy",
+    "argmax": None,
+}
+MULTIDRAFT_VERIFIERS = tuple(VERIFIER_DRAFT_LAW)
+
+_THEORY_KSEQ = theory_verifier("kseq")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def _uniform(shape, like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(shape, dtype=torch.float64, device=like.device, generator=generator)
+
+
+def _accepts(uniform: torch.Tensor, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """The coin of every accept test: true with probability ``min(1, numerator / denominator)``."""
+    return uniform * denominator < numerator
+
+
+def _at(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs[..., tokens]`` row by row (``tokens`` has the leading shape of ``probs``)."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``weights / sum(weights)``, or ``target`` in rows where the mass is 0 (a branch never taken)."""
+    mass = weights.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, weights / torch.where(mass > 0, mass, 1.0), target)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm((p - q)_+)``, the law sampled after a rejection (Leviathan et al. 2023, eq. in Alg. 1)."""
+    return _normalised_or_target((p - q).clamp_min(0.0), p)
+
+
+def _first_index(drafts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Position of the first draft equal to ``tokens`` in each row, ``-1`` when none is."""
+    match = drafts == tokens.unsqueeze(-1)
+    first = match.to(torch.int64).argmax(dim=-1)  # argmax returns the first maximum
+    return torch.where(match.any(dim=-1), first, torch.full_like(first, -1))
+
+
+def _check_tokens(tokens, name: str, shape: tuple[int, ...], vocab: int) -> torch.Tensor:
+    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.is_complex():
+        raise ValueError(f"{name} must be an integer torch.Tensor of token ids, got {type(tokens).__name__}")
+    if tuple(tokens.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(tokens.shape)}")
+    tokens = tokens.to(torch.int64)
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(
+            f"{name} must hold token ids in [0, {vocab}), "
+            f"got range [{int(tokens.min())}, {int(tokens.max())}]"
+        )
+    return tokens
+
+
+# --------------------------------------------------------------------------------------------------------
+# Chains
+
+
+def verify_chain(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling of a drafted chain (Leviathan, Kalman & Matias, ICML 2023, arXiv 2211.17192;
+    Chen et al., arXiv 2302.01318).
+
+    Draft ``x_i`` is accepted with probability :math:`\\min(1, p_i(x_i) / q_i(x_i))`, in order, until the
+    first rejection; at the first rejected position ``k`` the next token is drawn from
+    :math:`\\mathrm{norm}((p_k - q_k)_+)`, and when all ``gamma`` drafts are accepted the bonus token is drawn
+    from ``p_gamma``. The committed tokens then follow the target's law exactly.
+
+    Parameters
+    ----------
+    target_probs : torch.Tensor
+        ``(..., gamma + 1, V)``: the target's next-token distribution after each accepted prefix, the last
+        row after the whole chain.
+    draft_probs : torch.Tensor
+        ``(..., gamma, V)``: the distributions the drafts were sampled from.
+    drafts : torch.Tensor
+        ``(..., gamma)`` int token ids.
+    generator : torch.Generator
+        On the tensors' device.
+
+    Returns
+    -------
+    n_accepted, next_token : torch.Tensor
+        int64 of shape ``(...)``: the number of leading drafts accepted (0..gamma) and the token that follows
+        them (the residual sample or the bonus token).
+    """
+    check_generator(generator, target_probs, "target_probs")
+    p = check_probabilities(target_probs, "target_probs", min_dim=2)
+    q = check_probabilities(draft_probs, "draft_probs", min_dim=2)
+    gamma = q.shape[-2]
+    if p.shape[:-2] != q.shape[:-2] or p.shape[-2] != gamma + 1 or p.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"target_probs must have shape (..., gamma + 1, V) matching draft_probs (..., gamma, V); got "
+            f"{tuple(p.shape)} and {tuple(q.shape)}"
+        )
+    drafts = _check_tokens(drafts, "drafts", tuple(q.shape[:-1]), q.shape[-1])
+    p_drafted = p[..., :gamma, :]
+    accepted = _accepts(_uniform(drafts.shape, p, generator), _at(p_drafted, drafts), _at(q, drafts))
+    n_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    # Row k < gamma: the residual after a rejection at k; row gamma: the bonus distribution.
+    next_laws = torch.cat([_residual(p_drafted, q), p[..., gamma:, :]], dim=-2)
+    index = n_accepted[..., None, None].expand(*n_accepted.shape, 1, p.shape[-1])
+    return n_accepted, _draw(next_laws.gather(-2, index).squeeze(-2), generator)
+
+
+def verify_chain_argmax(target: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature-0 verification of a chain: accept drafts while each equals the target's argmax.
+
+    ``target`` is ``(..., gamma + 1, V)`` probabilities or logits (only the argmax matters; ties go to the
+    lowest id as in :func:`torch.argmax`), ``drafts`` is ``(..., gamma)``. Returns ``(n_accepted,
+    next_token)`` with ``next_token = argmax target[n_accepted]``, so the output equals greedy decoding.
+    """
+    if not isinstance(target, torch.Tensor) or not target.is_floating_point() or target.dim() < 2:
+        raise ValueError("target must be a floating torch.Tensor of shape (..., gamma + 1, V)")
+    if bool(torch.isnan(target).any()):
+        raise ValueError("target contains NaN entries")
+    gamma = target.shape[-2] - 1
+    drafts = _check_tokens(drafts, "drafts", (*target.shape[:-2], gamma), target.shape[-1])
+    greedy = target.argmax(dim=-1)
+    n_accepted = (drafts == greedy[..., :gamma]).to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    return n_accepted, greedy.gather(-1, n_accepted.unsqueeze(-1)).squeeze(-1)
+
+
+def verify_tree_argmax(
+    target: torch.Tensor, parents: Sequence[int], tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature-0 verification of a token tree: follow the child whose token is the target's argmax.
+
+    Parameters
+    ----------
+    target : torch.Tensor
+        ``(N, V)`` probabilities or logits; row ``i`` is the target's next-token law after node ``i``.
+    parents : sequence of int
+        The tree as a parent array: ``parents[0] == -1`` is the root (the last committed token) and
+        ``0 <= parents[i] < i`` for the other nodes (topological order, children in increasing index).
+    tokens : torch.Tensor
+        ``(N,)`` the token of each node (``tokens[0]`` is not checked).
+
+    Returns
+    -------
+    path, next_token : torch.Tensor
+        The accepted node indices from the root's child downwards (int64, possibly empty) and the argmax
+        token after the deepest accepted node. When siblings share a token, the first is followed.
+    """
+    parents = [int(parent) for parent in parents]
+    size = len(parents)
+    if size == 0 or parents[0] != -1:
+        raise ValueError("parents must be a non-empty parent array with parents[0] == -1 (the root)")
+    for node, parent in enumerate(parents[1:], start=1):
+        if not 0 <= parent < node:
+            raise ValueError(f"parents[{node}] = {parent}: every non-root node needs a parent in [0, {node})")
+    if not isinstance(target, torch.Tensor) or not target.is_floating_point() or target.shape[:1] != (size,):
+        raise ValueError(f"target must be a floating tensor of shape (N, V) with N = len(parents) = {size}")
+    if target.dim() != 2 or bool(torch.isnan(target).any()):
+        raise ValueError(f"target must be a 2-d tensor without NaN, got shape {tuple(target.shape)}")
+    tokens = _check_tokens(tokens, "tokens", (size,), target.shape[-1])
+    greedy = target.argmax(dim=-1).tolist()
+    token_of = tokens.tolist()
+    children: list[list[int]] = [[] for _ in range(size)]
+    for node in range(1, size):
+        children[parents[node]].append(node)
+    path, node = [], 0
+    while True:
+        matching = [child for child in children[node] if token_of[child] == greedy[node]]
+        if not matching:
+            break
+        node = matching[0]
+        path.append(node)
+    device = target.device
+    return torch.tensor(path, dtype=torch.int64, device=device), torch.tensor(greedy[node], device=device)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Multi-draft, one position
+
+
+def _kseq_division_factor(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
+    """:math:`\\rho^*` per row, shape ``(..., 1)``, from the theory twin's bisection (one shared root-finder;
+    it runs in numpy on the host, ~10 ms at V = 49,152)."""
+    rho = _THEORY_KSEQ.division_factor(p.cpu().numpy(), q.cpu().numpy(), n)
+    return torch.as_tensor(np.asarray(rho, dtype=np.float64), device=p.device).reshape(*p.shape[:-1], 1)
+
+
+def _verify_nss(p, q, drafts, generator):
+    return _draw(p, generator)
+
+
+def _verify_naive(p, q, drafts, generator):
+    first = drafts[..., 0]
+    accept = _accepts(_uniform(first.shape, p, generator), _at(p, first), _at(q, first))
+    return torch.where(accept, first, _draw(_residual(p, q), generator))
+
+
+def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
+    """RRS: test draft ``i`` against the running residual ``p_i``; on rejection ``p_{i+1} = norm((p_i -
+    q_i)_+)``. Without replacement, ``q_{i+1}`` is ``q_i`` with the rejected draft zeroed and renormalised."""
+    current_p, current_q = p, q
+    token = torch.full(drafts.shape[:-1], -1, dtype=torch.int64, device=p.device)
+    done = torch.zeros(drafts.shape[:-1], dtype=torch.bool, device=p.device)
+    uniforms = _uniform(drafts.shape, p, generator)
+    for i in range(drafts.shape[-1]):
+        draft = drafts[..., i]
+        accept = ~done & _accepts(uniforms[..., i], _at(current_p, draft), _at(current_q, draft))
+        token = torch.where(accept, draft, token)
+        done |= accept
+        current_p = _residual(current_p, current_q)
+        if without_replacement:
+            remaining = current_q.scatter(-1, draft.unsqueeze(-1), 0.0)
+            current_q = _normalised_or_target(remaining, remaining)  # all-zero only after the last draft
+    return torch.where(done, token, _draw(current_p, generator))
+
+
+def _verify_rrs(p, q, drafts, generator):
+    return _recursive_rejection(p, q, drafts, generator, without_replacement=False)
+
+
+def _verify_rrs_wor(p, q, drafts, generator):
+    return _recursive_rejection(p, q, drafts, generator, without_replacement=True)
+
+
+def _verify_kseq(p, q, drafts, generator):
+    n = drafts.shape[-1]
+    rho = _kseq_division_factor(p, q, n)
+    scaled = torch.minimum(p / rho, q)  # min(p/rho, q): the law of an accepted draft, up to beta
+    beta = scaled.sum(dim=-1, keepdim=True)
+    # Total acceptance p_acc = 1 - (1 - beta)^n spread as (p_acc / beta) * scaled; the rest is the residual.
+    spread = torch.where(beta > 0, (1.0 - (1.0 - beta) ** n) / torch.where(beta > 0, beta, 1.0), 0.0)
+    residual = _normalised_or_target((p - spread * scaled).clamp_min(0.0), p)
+    uniforms = _uniform(drafts.shape, p, generator)
+    accepted = _accepts(uniforms, p.gather(-1, drafts), rho * q.gather(-1, drafts))
+    first = accepted.to(torch.int64).argmax(dim=-1)
+    return torch.where(
+        accepted.any(dim=-1), drafts.gather(-1, first.unsqueeze(-1)).squeeze(-1), _draw(residual, generator)
+    )
+
+
+def _verify_spechub(p, q, drafts, generator):
+    """SpecHub (Sun et al., EMNLP 2024, arXiv 2411.05289), from its code ``MyTree.accept_step``."""
+    hub = top_tokens(q, 1)
+    hub_first = drafts[..., 0] == hub.squeeze(-1)
+    other = torch.where(hub_first, drafts[..., 1], drafts[..., 0])
+    off_hub = torch.ones_like(q).scatter(-1, hub, 0.0)
+    q_hub = q.gather(-1, hub)
+    p_hub = p.gather(-1, hub).squeeze(-1)
+    p_excess = (p - q).clamp_min(0.0) * off_hub  # p'(i)
+    pair_mass = q_hub / (1.0 - q_hub) * q * off_hub  # Q(a, i): probability of the pair (a, i)
+    excess_after_hub_first = (pair_mass - p_excess).clamp_min(0.0).sum(dim=-1)  # sum q_ai_res
+    excess_after_other_first = (q - p).clamp_min(0.0).mul(off_hub).sum(dim=-1)  # sum q_ia_res
+    p_hub_left = (p_hub - excess_after_hub_first).clamp_min(0.0)  # p''(a)
+    u_other, u_hub = _uniform((2, *other.shape), p, generator)
+    accept_other = torch.where(
+        hub_first,
+        _accepts(u_other, _at(p_excess, other), _at(pair_mass, other)),
+        _accepts(u_other, _at(p, other), _at(q, other)),
+    )
+    accept_hub = ~accept_other & torch.where(
+        hub_first,
+        _accepts(u_hub, p_hub, excess_after_hub_first),
+        _accepts(u_hub, p_hub_left, excess_after_other_first),
+    )
+    leftover = (p_excess - pair_mass).clamp_min(0.0)
+    hub_leftover = (p_hub_left - excess_after_other_first).clamp_min(0.0).unsqueeze(-1)
+    leftover = _normalised_or_target(leftover.scatter(-1, hub, hub_leftover), p)
+    return torch.where(
+        accept_other, other, torch.where(accept_hub, hub.squeeze(-1), _draw(leftover, generator))
+    )
+
+
+def _verify_greedy(p, q, drafts, generator):
+    """Hu et al. (ICLR 2025): accept the random last draft ``X`` w.p. ``min(1, p(X) / q'(X))`` with ``q'`` the
+    draft restricted to the non-top tokens; otherwise sample ``p`` on the top tokens and ``(p - q')_+`` off
+    them. This attains the optimal acceptance of the greedy draft law."""
+    top, last = drafts[..., :-1], drafts[..., -1]
+    in_top = torch.zeros_like(q, dtype=torch.bool).scatter(-1, top, True)
+    rest = torch.where(in_top, 0.0, q)
+    rest = rest / rest.sum(dim=-1, keepdim=True)  # positive: the last draft was drawn from it
+    accept = _accepts(_uniform(last.shape, p, generator), _at(p, last), _at(rest, last))
+    residual = _normalised_or_target(torch.where(in_top, p, (p - rest).clamp_min(0.0)), p)
+    return torch.where(accept, last, _draw(residual, generator))
+
+
+def _verify_argmax(p, q, drafts, generator):
+    return p.argmax(dim=-1)
+
+
+_KERNELS = {
+    "nss": _verify_nss,
+    "naive": _verify_naive,
+    "rrs": _verify_rrs,
+    "rrs_wor": _verify_rrs_wor,
+    "kseq": _verify_kseq,
+    "spechub": _verify_spechub,
+    "greedy": _verify_greedy,
+    "argmax": _verify_argmax,
+}
+
+
+def _check_drafts_fit_law(name: str, q: torch.Tensor, drafts: torch.Tensor) -> None:
+    """Reject drafts that the verifier's draft law cannot produce where that is cheap to see."""
+    n = drafts.shape[-1]
+    if name == "spechub":
+        if n != 2:
+            raise ValueError(f"drafts must hold n = 2 drafts per row for 'spechub', got n = {n}")
+        hub = top_tokens(q, 1)
+        if not bool(((drafts == hub).sum(dim=-1) == 1).all()):
+            raise ValueError(
+                "drafts for 'spechub' must be a pair with exactly one draft equal to the hub "
+                "argmax(draft_probs)"
+            )
+    elif name == "greedy" and n > 1:
+        if not bool((drafts[..., :-1] == top_tokens(q, n - 1)).all()):
+            raise ValueError(
+                "drafts for 'greedy' must start with the top n - 1 tokens of draft_probs, largest first"
+            )
+        if bool((drafts[..., :-1] == drafts[..., -1:]).any()):
+            raise ValueError("the last draft for 'greedy' must not be one of the top n - 1 tokens")
+    elif name == "rrs_wor" and n > 1:
+        ordered = drafts.sort(dim=-1).values
+        if bool((ordered[..., 1:] == ordered[..., :-1]).any()):
+            raise ValueError("drafts for 'rrs_wor' must be distinct (drawn without replacement)")
+    if name != "argmax" and not bool((q.gather(-1, drafts) > 0).all()):
+        raise ValueError(
+            f"drafts include a token with draft_probs = 0, which the draft law of {name!r} never draws"
+        )
+
+
+def verify_multidraft(
+    name: str,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify ``n`` drafts for one position with the named multi-draft verifier; the output follows ``p``.
+
+    Algorithms (Hu et al., "Towards Optimal Multi-draft Speculative Decoding", ICLR 2025, arXiv 2502.18779,
+    compare them; the torch kernels implement the same algorithms as ``theory.verifier(name)``):
+
+    * ``"rrs"`` -- recursive rejection sampling (Miao et al., SpecInfer, ASPLOS 2024, arXiv 2305.09781):
+      ``p_1 = p``; accept ``x_i`` w.p. :math:`\\min(1, p_i(x_i)/q(x_i))`, else
+      :math:`p_{i+1} = \\mathrm{norm}((p_i - q)_+)`; if all are rejected, sample :math:`p_{n+1}`.
+    * ``"rrs_wor"`` -- the same for drafts without replacement, in draw order, with :math:`q_{i+1} = q_i`
+      with ``x_i`` zeroed and renormalised (Jeon et al., arXiv 2402.05109).
+    * ``"kseq"`` -- K-SEQ (Sun et al., SpecTr, NeurIPS 2023, arXiv 2310.15141): accept ``x_i`` w.p.
+      :math:`\\min(1, p(x_i)/(\\rho^* q(x_i)))`; else sample :math:`\\mathrm{norm}((p - \\gamma
+      \\min(p/\\rho^*, q))_+)` with :math:`\\gamma = (1 - (1-\\beta)^n)/\\beta`, where :math:`\\rho^*` is the
+      smallest lossless division factor (``theory.verifier("kseq").division_factor``).
+    * ``"spechub"`` -- SpecHub (Sun et al., EMNLP 2024, arXiv 2411.05289), ``n = 2``, hub ``a = argmax q``.
+    * ``"greedy"`` -- Hu et al.'s verifier for the greedy draft law.
+    * ``"nss"``, ``"naive"`` -- the baselines of SpecInfer; ``"argmax"`` -- temperature 0.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`MULTIDRAFT_VERIFIERS`.
+    target_probs, draft_probs : torch.Tensor
+        ``(..., V)``: ``p`` and ``q`` at this position.
+    drafts : torch.Tensor
+        ``(..., n)`` int token ids sampled from ``draft_probs`` with the law ``VERIFIER_DRAFT_LAW[name]``,
+        in draw order (:func:`executor.sampling.sample_drafts`).
+    generator : torch.Generator
+        On the tensors' device.
+
+    Returns
+    -------
+    accepted_index, token : torch.Tensor
+        int64 of shape ``(...)``: the position of the first draft equal to the output token, or ``-1`` when
+        the output is not a draft; and the output token.
+    """
+    if name not in _KERNELS:
+        raise ValueError(f"name must be one of {', '.join(map(repr, MULTIDRAFT_VERIFIERS))}; got {name!r}")
+    check_generator(generator, target_probs, "target_probs")
+    p = check_probabilities(target_probs, "target_probs")
+    q = check_probabilities(draft_probs, "draft_probs")
+    if p.shape != q.shape:
+        raise ValueError(
+            "target_probs and draft_probs must have the same shape, "
+            f"got {tuple(p.shape)} and {tuple(q.shape)}"
+        )
+    if not isinstance(drafts, torch.Tensor) or drafts.dim() != p.dim() or drafts.shape[-1] < 1:
+        raise ValueError(
+            f"drafts must be a tensor of shape (..., n) with n >= 1 and leading shape {tuple(p.shape[:-1])}"
+        )
+    drafts = _check_tokens(drafts, "drafts", (*p.shape[:-1], drafts.shape[-1]), p.shape[-1])
+    _check_drafts_fit_law(name, q, drafts)
+    token = _KERNELS[name](p, q, drafts, generator)
+    return _first_index(drafts, token), token

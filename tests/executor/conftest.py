@@ -1,0 +1,159 @@
+"""Shared fixtures of the executor tests: random tiny llama models and the embedded SmolLM2 model.
+
+``tiny_model(...)`` builds a random 2-layer llama model with a vocabulary of 8-16 tokens whose logits are
+far from uniform (weights drawn with unit-scale embeddings), so that verifiers see interesting distributions.
+``smollm`` loads the embedded SmolLM2-135M-Instruct once per session: ``(model, tokenizer)``. It is shared,
+so a test must call ``model.setup_cache(...)`` itself before its first forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.model import ModelConfig, Transformer
+
+# Determinism, and fair sharing of a 2-core machine under ``pytest -n 2``.
+torch.set_num_threads(1)
+
+
+def build_tiny_model(
+    seed: int = 0,
+    *,
+    vocab_size: int = 12,
+    n_layers: int = 2,
+    dim: int = 16,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    hidden_dim: int = 32,
+    tie_embeddings: bool = True,
+    max_seq_len: int = 64,
+    rope_theta: float = 10000.0,
+) -> Transformer:
+    """A random llama model in eval mode, without gradients, with its KV cache set up (batch size 1)."""
+    config = ModelConfig(
+        vocab_size=vocab_size,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        hidden_dim=hidden_dim,
+        rope_theta=rope_theta,
+        max_seq_len=max_seq_len,
+        tie_embeddings=tie_embeddings,
+    )
+    model = Transformer(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                # Non-trivial norm gains, so that a loader mixing up the two norms of a layer is caught.
+                parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape, generator=generator))
+            elif parameter.ndim == 2 and name != "tok_embeddings.weight":
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[1] ** 0.5)
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    model.requires_grad_(False).eval()
+    model.setup_cache(max_seq_len)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Factory ``tiny_model(seed=0, **config_overrides) -> Transformer`` (see :func:`build_tiny_model`)."""
+    return build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The embedded SmolLM2-135M-Instruct as ``(model, tokenizer)`` in float32 on the CPU, loaded once."""
+    from executor.weights import load_model
+
+    return load_model(device="cpu", dtype=torch.float32)
+
+
+class LlamaCppSmolLMTokenizer:
+    """Independent oracle: llama.cpp's "smollm" tokenization, written from its definition in plain Python.
+
+    llama.cpp (``src/llama-vocab.cpp``, pre-tokenizer ``LLAMA_VOCAB_PRE_TYPE_SMOLLM``) splits the text
+    with the regex ``\\p{N}`` (every digit alone), then splits the remaining pieces with the GPT-2 regex;
+    each piece is mapped to the GPT-2 byte alphabet and merged by BPE, lowest merge rank first. Control
+    tokens are matched literally first. Slow but plainly correct; the ``regex`` package gives Unicode classes.
+    """
+
+    # GPT-2's encoder.py pattern; its final "\s+" keeps the whitespace that llama.cpp leaves unmatched.
+    GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+    def __init__(self, tokens: list[str], merges: list[str], special: list[str]) -> None:
+        self.ids = {token: i for i, token in enumerate(tokens)}
+        self.ranks = {tuple(merge.split(" ", 1)): rank for rank, merge in enumerate(merges)}
+        self.special = sorted(special, key=len, reverse=True)
+        # GPT-2's reversible byte -> printable character table (Radford et al., 2019, encoder.py).
+        printable = [
+            *range(ord("!"), ord("~") + 1),
+            *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1),
+        ]
+        extra = iter(range(256, 512))
+        self.byte_char = {b: chr(b if b in printable else next(extra)) for b in range(256)}
+
+    def bpe(self, piece: str) -> list[int]:
+        symbols = [self.byte_char[b] for b in piece.encode("utf-8")]
+        while len(symbols) > 1:
+            pairs = [
+                (self.ranks.get(pair, float("inf")), i)
+                for i, pair in enumerate(zip(symbols[:-1], symbols[1:], strict=True))
+            ]
+            rank, i = min(pairs)
+            if rank == float("inf"):
+                break
+            symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+        return [self.ids[s] for s in symbols]
+
+    def encode(self, text: str) -> list[int]:
+        import regex
+
+        ids: list[int] = []
+        pattern = "(" + "|".join(regex.escape(s) for s in self.special) + ")"
+        for chunk_index, chunk in enumerate(regex.split(pattern, text) if self.special else [text]):
+            if chunk_index % 2:  # a control token, matched whole
+                ids.append(self.ids[chunk])
+                continue
+            for part in regex.split(r"(\p{N})", chunk):
+                for piece in regex.findall(self.GPT2_SPLIT, part):
+                    ids += self.bpe(piece)
+        return ids
+
+
+@pytest.fixture(scope="session")
+def smollm_reference_tokenizer():
+    """:class:`LlamaCppSmolLMTokenizer` over the embedded GGUF file's vocabulary and merges."""
+    from executor.weights import _gguf_metadata, _gguf_reader, default_model_path
+
+    metadata = _gguf_metadata(_gguf_reader(default_model_path()))
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    special = [t for t, kind in zip(tokens, metadata["tokenizer.ggml.token_type"], strict=True) if kind == 3]
+    return LlamaCppSmolLMTokenizer(tokens, list(metadata["tokenizer.ggml.merges"]), special)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_corpus() -> list[str]:
+    """Text with code, Unicode (CJK, emoji, accents, combining marks), whitespace runs, newlines, tabs."""
+    return [
+        "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+        'for (int i = 0; i < 10; ++i) {\n\tprintf("%d\\n", i);\n}\n',
+        "import numpy as np\n\n\nx = np.arange(12).reshape(3, 4)  # comment\r\n",
+        "The café's naïve façade — “quoted” ‘text’ … ½ × ÷ ±",
+        "日本語のテキストと中文文本，한국어 텍스트。",
+        "Emoji: 😀🎉👩‍💻🇫🇷 and ❤️ (with variation selector)",
+        "Combining: e\u0301 a\u0308 n\u0303; Greek αβγ Δ; Cyrillic Привет мир",
+        "    leading spaces, trailing spaces    ",
+        "tabs\t\tand\t\t\tmore\ttabs\n\n\n\nnew   lines  \n  \t \n",
+        "numbers: 3.14159, 1e-10, 0x1F, 1,000,000 and 2024-06-01",
+        "x  1\n\t\t42  foo   7",
+        "<|im_start|>user\nWrite a function.<|im_end|>\n<|im_start|>assistant\n",
+        "I'm sure they'll say we've done it, isn't it? You'd think so. HELLO World",
+        "",
+        " ",
+        "\n",
+    ]

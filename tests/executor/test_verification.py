@@ -1,0 +1,612 @@
+"""Tests of executor.verification: every torch verifier against its theory twin's exact laws.
+
+For each multi-draft verifier and a few small (p, q, n) cases (zeros, disjoint supports, p == q), drafts are
+drawn with executor.sampling.sample_drafts and verified in one batched call; then
+
+* the joint law of (draft tuple, output token) is compared with P(x) * theory.verifier(name).conditional by a
+  chi-square test (the strongest check: it pins the algorithm, not only its marginal);
+* the output histogram is compared with theory's output_distribution (= p: all are lossless);
+* the empirical acceptance (output in drafts) is compared with theory's exact acceptance by a z-test.
+
+The chain verifier's joint law over (accepted drafts, next token) is compared with an exact enumeration
+written here. Thresholds: a correct kernel passes at p > 1e-3 and |z| < 4 (fixed seeds); each negative
+control runs a deliberately broken kernel (ratio q/p, residual p, unnormalised residual, drafts out of draw
+order, rho = 1, wrong draft law) and must be rejected at p < 1e-6.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import executor.verification as verification
+from executor.sampling import logits_to_probs, sample_drafts, sample_token
+from executor.verification import (
+    MULTIDRAFT_VERIFIERS,
+    VERIFIER_DRAFT_LAW,
+    verify_chain,
+    verify_chain_argmax,
+    verify_multidraft,
+    verify_tree_argmax,
+)
+from theory import draft_laws, expected_tokens, strategies, verifier
+
+torch.set_num_threads(1)
+
+ACCEPT_P_VALUE = 1e-3
+CONTROL_P_VALUE = 1e-6
+MAX_ABS_Z = 4.0
+SAMPLES = 30_000  # per (verifier, case): ~0.6% resolution on acceptance, a few ms per batched call
+
+SAMPLED_VERIFIERS = tuple(name for name in MULTIDRAFT_VERIFIERS if name != "argmax")
+
+
+def law_p_value(observed: np.ndarray, probabilities: np.ndarray) -> float:
+    """Chi-square p-value of counts against a law; 0 when a count falls on a zero-probability cell.
+
+    Cells with an expected count below 5 are pooled so the chi-square approximation holds.
+    """
+    from scipy import stats
+
+    observed = np.asarray(observed, dtype=np.float64)
+    if np.any(observed[probabilities <= 0] > 0):
+        return 0.0
+    expected = probabilities * observed.sum()
+    large = expected >= 5
+    small = ~large & (probabilities > 0)
+    observed_cells = np.append(observed[large], observed[small].sum())
+    expected_cells = np.append(expected[large], expected[small].sum())
+    if expected_cells[-1] == 0:
+        observed_cells, expected_cells = observed_cells[:-1], expected_cells[:-1]
+    if len(expected_cells) < 2:
+        return 1.0  # one possible cell: the zero-cell check above is the whole test
+    expected_cells *= observed_cells.sum() / expected_cells.sum()
+    return float(stats.chisquare(observed_cells, expected_cells).pvalue)
+
+
+def acceptance_z(accepted: np.ndarray, exact: float) -> float:
+    """z-score of an empirical acceptance frequency against the exact rate (rates 0 and 1 must match)."""
+    variance = exact * (1 - exact) / accepted.size
+    if variance < 1e-15:
+        return 0.0 if abs(accepted.mean() - exact) < 1e-12 else np.inf
+    return float((accepted.mean() - exact) / np.sqrt(variance))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Multi-draft verifiers against their theory twins
+
+CASES = {
+    "zeros_v5_n2": (np.array([0.1, 0.2, 0.3, 0.0, 0.4]), np.array([0.3, 0.0, 0.2, 0.4, 0.1]), 2),
+    "v6_n3": (
+        np.array([0.32, 0.04, 0.2, 0.0, 0.3, 0.14]),
+        np.array([0.1, 0.35, 0.05, 0.25, 0.15, 0.1]),
+        3,
+    ),
+    "disjoint_v6_n2": (
+        np.array([0.5, 0.3, 0.2, 0.0, 0.0, 0.0]),
+        np.array([0.0, 0.0, 0.0, 0.5, 0.3, 0.2]),
+        2,
+    ),
+    "v8_n4": (
+        np.array([0.05, 0.2, 0.0, 0.15, 0.3, 0.1, 0.0, 0.2]),
+        np.array([0.3, 0.1, 0.15, 0.05, 0.1, 0.0, 0.2, 0.1]),
+        4,
+    ),
+    "identical_v4_n2": (np.array([0.4, 0.3, 0.2, 0.1]), np.array([0.4, 0.3, 0.2, 0.1]), 2),
+}
+
+RUNS = [
+    (name, case)
+    for name in SAMPLED_VERIFIERS
+    for case, (_, _, n) in CASES.items()
+    if VERIFIER_DRAFT_LAW[name] != "spechub" or n == 2
+]
+
+
+def draw_and_verify(name, p, q, n, seed=0, *, law=None, reorder=None):
+    """Sample ``SAMPLES`` draft tuples and verify them in one batched call; returns numpy arrays."""
+    generator = torch.Generator().manual_seed(seed)
+    batch_p = torch.tensor(p).expand(SAMPLES, -1)
+    batch_q = torch.tensor(q).expand(SAMPLES, -1)
+    drafts = sample_drafts(batch_q, n, law or VERIFIER_DRAFT_LAW[name] or "iid", generator)
+    verified = drafts if reorder is None else reorder(drafts)
+    index, token = verify_multidraft(name, batch_p, batch_q, verified, generator)
+    return drafts.numpy(), index.numpy(), token.numpy()
+
+
+@functools.cache
+def run(name: str, case: str):
+    p, q, n = CASES[case]
+    return draw_and_verify(name, p, q, n)
+
+
+def joint_p_value(name, p, q, n, drafts, tokens, law=None) -> float:
+    """Chi-square of sampled (draft tuple, output) pairs against P(tuple) * theory conditional."""
+    vocab = p.shape[-1]
+    tuples, probabilities = draft_laws.enumerate_drafts(q, n, law or verifier(name).draft)
+    conditional = verifier(name).conditional(p, q, tuples)
+    joint = np.zeros(vocab ** (n + 1))
+    powers = vocab ** np.arange(n + 1)[::-1]
+    cells = (
+        np.column_stack([np.repeat(tuples, vocab, axis=0), np.tile(np.arange(vocab), len(tuples))])
+    ) @ powers
+    np.add.at(joint, cells, (probabilities[:, None] * conditional).ravel())
+    observed = np.bincount(np.column_stack([drafts, tokens]) @ powers, minlength=joint.size)
+    return law_p_value(observed, joint)
+
+
+@pytest.mark.parametrize(("name", "case"), RUNS)
+def test_joint_law_of_drafts_and_output_matches_the_theory_twin(name, case):
+    p, q, n = CASES[case]
+    drafts, _, tokens = run(name, case)
+    assert joint_p_value(name, p, q, n, drafts, tokens) > ACCEPT_P_VALUE
+
+
+@pytest.mark.parametrize(("name", "case"), RUNS)
+def test_output_law_matches_the_theory_output_distribution_which_is_the_target(name, case):
+    p, q, n = CASES[case]
+    _, _, tokens = run(name, case)
+    exact = verifier(name).output_distribution(p, q, n)
+    np.testing.assert_allclose(exact, p, atol=1e-12)  # every one of these verifiers is lossless
+    assert law_p_value(np.bincount(tokens, minlength=p.size), exact) > ACCEPT_P_VALUE
+
+
+@pytest.mark.parametrize(("name", "case"), RUNS)
+def test_empirical_acceptance_matches_the_theory_acceptance(name, case):
+    p, q, n = CASES[case]
+    drafts, index, tokens = run(name, case)
+    accepted = index >= 0
+    # accepted_index is the definition "output in drafts", and points at the output.
+    np.testing.assert_array_equal(accepted, (drafts == tokens[:, None]).any(axis=1))
+    assert abs(acceptance_z(accepted, float(verifier(name).acceptance(p, q, n)))) < MAX_ABS_Z
+
+
+# Negative controls: each broken twin must be caught by the same harness.
+
+CONTROL_CASE = "v6_n3"
+
+
+def _spechub_or(case, name):
+    return "zeros_v5_n2" if VERIFIER_DRAFT_LAW[name] == "spechub" else case
+
+
+@pytest.mark.parametrize("name", [name for name in SAMPLED_VERIFIERS if name != "nss"])
+def test_negative_control_ratio_q_over_p_is_caught(name, monkeypatch):
+    monkeypatch.setattr(
+        verification, "_accepts", lambda u, numerator, denominator: u * numerator < denominator
+    )
+    p, q, n = CASES[_spechub_or(CONTROL_CASE, name)]
+    drafts, _, tokens = draw_and_verify(name, p, q, n)
+    assert joint_p_value(name, p, q, n, drafts, tokens) < CONTROL_P_VALUE
+
+
+@pytest.mark.parametrize("name", ["naive", "rrs", "rrs_wor"])
+def test_negative_control_resampling_the_target_after_rejection_is_caught(name, monkeypatch):
+    monkeypatch.setattr(verification, "_residual", lambda p, q: p)
+    p, q, n = CASES[CONTROL_CASE]
+    _, _, tokens = draw_and_verify(name, p, q, n)
+    assert law_p_value(np.bincount(tokens, minlength=p.size), p) < CONTROL_P_VALUE
+
+
+# Only RRS feeds a residual into later accept ratios; elsewhere it is only sampled, where scale is harmless.
+@pytest.mark.parametrize("name", ["rrs", "rrs_wor"])
+def test_negative_control_unnormalised_residual_is_caught(name, monkeypatch):
+    monkeypatch.setattr(verification, "_normalised_or_target", lambda weights, target: weights)
+    p, q, n = CASES[CONTROL_CASE]
+    drafts, _, tokens = draw_and_verify(name, p, q, n)
+    assert joint_p_value(name, p, q, n, drafts, tokens) < CONTROL_P_VALUE
+
+
+def test_negative_control_rrs_wor_verified_out_of_draw_order_is_caught():
+    p, q, n = CASES[CONTROL_CASE]
+    drafts, _, tokens = draw_and_verify("rrs_wor", p, q, n, reorder=lambda d: d.flip(-1))
+    assert joint_p_value("rrs_wor", p, q, n, drafts, tokens) < CONTROL_P_VALUE
+
+
+def test_negative_control_kseq_without_the_division_factor_is_caught(monkeypatch):
+    # rho = 1 is below rho* for n >= 2, so K-SEQ accepts too often and is no longer lossless.
+    monkeypatch.setattr(verification, "_kseq_division_factor", lambda p, q, n: torch.ones_like(p[..., :1]))
+    p, q, n = CASES[CONTROL_CASE]
+    _, _, tokens = draw_and_verify("kseq", p, q, n)
+    assert law_p_value(np.bincount(tokens, minlength=p.size), p) < CONTROL_P_VALUE
+
+
+def test_negative_control_rrs_with_drafts_without_replacement_is_caught():
+    # The i.i.d. RRS verifier on the without-replacement law: a draft-law mismatch, lossy.
+    p, q, n = CASES[CONTROL_CASE]
+    _, _, tokens = draw_and_verify("rrs", p, q, n, law="wor")
+    assert law_p_value(np.bincount(tokens, minlength=p.size), p) < CONTROL_P_VALUE
+
+
+# Properties over hypothesis-generated pairs (200 examples each, from theory.strategies).
+
+
+def _draft_count(name: str, q: np.ndarray, n: int) -> int:
+    if VERIFIER_DRAFT_LAW[name] == "spechub":
+        return 2
+    if VERIFIER_DRAFT_LAW[name] in ("wor", "greedy"):
+        return min(n, int(np.count_nonzero(q)))
+    return n
+
+
+PAIRS = strategies.distribution_pairs(vocab_size=st.integers(2, 6))
+NAMES = st.sampled_from(MULTIDRAFT_VERIFIERS)
+
+
+@given(PAIRS, strategies.draft_counts(max_n=3), NAMES, st.integers(0, 2**16))
+def test_accepted_index_points_at_the_output_or_is_minus_one(pair, n, name, seed):
+    p, q = pair
+    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(q) < 2:
+        q = np.full_like(q, 1 / q.size)
+    n = _draft_count(name, q, n)
+    generator = torch.Generator().manual_seed(seed)
+    q_batch = torch.tensor(q).expand(32, -1)
+    drafts = sample_drafts(q_batch, n, VERIFIER_DRAFT_LAW[name] or "iid", generator)
+    index, token = verify_multidraft(name, torch.tensor(p).expand(32, -1), q_batch, drafts, generator)
+    member = drafts == token[:, None]
+    assert torch.equal(index >= 0, member.any(dim=1))
+    hit = index >= 0
+    assert torch.equal(drafts[hit].gather(1, index[hit, None]).squeeze(1), token[hit])
+    assert not bool(
+        member[torch.arange(32)[hit, None], torch.arange(n)[None, :]]
+        .logical_and(torch.arange(n)[None, :] < index[hit, None])
+        .any()
+    )  # the first matching draft
+
+
+@given(PAIRS, strategies.draft_counts(max_n=3), st.sampled_from(SAMPLED_VERIFIERS), st.integers(0, 2**16))
+def test_output_never_has_zero_target_probability(pair, n, name, seed):
+    p, q = pair
+    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(q) < 2:
+        q = np.full_like(q, 1 / q.size)
+    n = _draft_count(name, q, n)
+    generator = torch.Generator().manual_seed(seed)
+    q_batch = torch.tensor(q).expand(64, -1)
+    drafts = sample_drafts(q_batch, n, VERIFIER_DRAFT_LAW[name], generator)
+    _, token = verify_multidraft(name, torch.tensor(p).expand(64, -1), q_batch, drafts, generator)
+    assert bool((torch.tensor(p)[token] > 0).all())
+
+
+@given(
+    strategies.distributions(vocab_size=st.integers(2, 6)),
+    strategies.draft_counts(max_n=3),
+    st.sampled_from([name for name in SAMPLED_VERIFIERS if name != "nss"]),
+    st.integers(0, 2**16),
+)
+def test_every_verifier_accepts_always_when_target_equals_draft(p, n, name, seed):
+    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(p) < 2:
+        p = np.full_like(p, 1 / p.size)
+    n = _draft_count(name, p, n)
+    generator = torch.Generator().manual_seed(seed)
+    batch = torch.tensor(p).expand(64, -1)
+    drafts = sample_drafts(batch, n, VERIFIER_DRAFT_LAW[name], generator)
+    index, _ = verify_multidraft(name, batch, batch, drafts, generator)
+    assert bool((index >= 0).all())
+
+
+@given(PAIRS, st.integers(0, 2**16))
+def test_every_recursive_verifier_reduces_to_speculative_sampling_for_one_draft(pair, seed):
+    # With n = 1 RRS (either law), Hu's greedy and the naive rule are one algorithm, consuming the same
+    # random numbers: their outputs agree sample by sample.
+    p, q = (torch.tensor(v).expand(64, -1) for v in pair)
+    drafts = sample_drafts(q, 1, "iid", torch.Generator().manual_seed(seed))
+    outputs = [
+        verify_multidraft(name, p, q, drafts, torch.Generator().manual_seed(seed + 1))
+        for name in ("naive", "rrs", "rrs_wor", "greedy")
+    ]
+    for index, token in outputs[1:]:
+        assert torch.equal(index, outputs[0][0]) and torch.equal(token, outputs[0][1])
+
+
+@given(PAIRS, st.integers(0, 2**16))
+def test_multidraft_argmax_outputs_the_target_argmax(pair, seed):
+    p, q = pair
+    drafts = sample_drafts(torch.tensor(q).expand(8, -1), 3, "iid", torch.Generator().manual_seed(seed))
+    index, token = verify_multidraft(
+        "argmax", torch.tensor(p).expand(8, -1), torch.tensor(q).expand(8, -1), drafts, torch.Generator()
+    )
+    assert bool((token == int(np.argmax(p))).all())
+    for row, position in zip(drafts.tolist(), index.tolist(), strict=True):
+        assert position == (row.index(int(np.argmax(p))) if int(np.argmax(p)) in row else -1)
+
+
+@pytest.mark.parametrize("name", MULTIDRAFT_VERIFIERS)
+def test_verification_is_reproducible_with_a_seeded_generator(name):
+    p, q, n = CASES["zeros_v5_n2"]
+    first = draw_and_verify(name, p, q, n, seed=5)
+    second = draw_and_verify(name, p, q, n, seed=5)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Chains
+
+CHAIN_TARGET = np.array(
+    [[0.5, 0.2, 0.3, 0.0], [0.1, 0.1, 0.4, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.6, 0.0, 0.4]]
+)
+CHAIN_DRAFT = np.array([[0.3, 0.5, 0.0, 0.2], [0.1, 0.1, 0.4, 0.4], [0.7, 0.1, 0.1, 0.1]])
+
+
+def chain_sequence_law(p: np.ndarray, q: np.ndarray) -> dict[tuple[int, ...], float]:
+    """Exact law of the committed sequence (accepted drafts, then the next token), by enumeration.
+
+    Position ``i`` accepts its draft ``x`` with joint probability ``q_i(x) min(1, p_i(x)/q_i(x)) =
+    min(p_i(x), q_i(x))``; a rejection at ``k`` (probability ``1 - sum min(p_k, q_k)``) is followed by
+    ``norm((p_k - q_k)_+)``, and full acceptance by the bonus ``p_gamma``.
+    """
+    gamma, vocab = q.shape
+    law: dict[tuple[int, ...], float] = {}
+    for k in range(gamma + 1):
+        for prefix in itertools.product(range(vocab), repeat=k):
+            mass = np.prod([min(p[i, x], q[i, x]) for i, x in enumerate(prefix)])
+            if k < gamma:
+                excess = np.maximum(p[k] - q[k], 0.0)
+                rejection = 1.0 - np.minimum(p[k], q[k]).sum()
+                after = rejection * (excess / excess.sum() if excess.sum() > 0 else p[k])
+            else:
+                after = p[gamma]
+            for y in range(vocab):
+                law[(*prefix, y)] = mass * after[y]
+    return law
+
+
+def sample_chains(p, q, seed=0, count=SAMPLES):
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.tensor(p).expand(count, -1, -1)
+    draft = torch.tensor(q).expand(count, -1, -1)
+    drafts = torch.stack(
+        [sample_drafts(draft[:, i], 1, "iid", generator)[:, 0] for i in range(q.shape[0])], 1
+    )
+    n_accepted, token = verify_chain(target, draft, drafts, generator)
+    return drafts.numpy(), n_accepted.numpy(), token.numpy()
+
+
+def chain_p_value(p, q, drafts, n_accepted, token) -> float:
+    law = chain_sequence_law(p, q)
+    keys = list(law)
+    position = {key: i for i, key in enumerate(keys)}
+    observed = np.zeros(len(keys))
+    for row, k, y in zip(drafts.tolist(), n_accepted.tolist(), token.tolist(), strict=True):
+        observed[position[(*row[:k], y)]] += 1
+    return law_p_value(observed, np.array([law[key] for key in keys]))
+
+
+@functools.cache
+def chain_run():
+    return sample_chains(CHAIN_TARGET, CHAIN_DRAFT)
+
+
+def test_verify_chain_committed_sequence_law_matches_exact_enumeration():
+    assert abs(sum(chain_sequence_law(CHAIN_TARGET, CHAIN_DRAFT).values()) - 1) < 1e-12
+    assert chain_p_value(CHAIN_TARGET, CHAIN_DRAFT, *chain_run()) > ACCEPT_P_VALUE
+
+
+def test_verify_chain_first_committed_token_follows_the_target():
+    drafts, n_accepted, token = chain_run()
+    first = np.where(n_accepted > 0, drafts[:, 0], token)
+    assert law_p_value(np.bincount(first, minlength=4), CHAIN_TARGET[0]) > ACCEPT_P_VALUE
+
+
+def test_verify_chain_tokens_per_step_match_theory_expected_tokens():
+    _, n_accepted, _ = chain_run()
+    rates = np.minimum(CHAIN_TARGET[:-1], CHAIN_DRAFT).sum(axis=1)
+    exact = expected_tokens(rates, 3)
+    tokens = n_accepted + 1.0
+    z = (tokens.mean() - exact) / (tokens.std(ddof=1) / np.sqrt(tokens.size))
+    assert abs(z) < MAX_ABS_Z
+
+
+def test_negative_control_chain_ratio_q_over_p_is_caught(monkeypatch):
+    monkeypatch.setattr(
+        verification, "_accepts", lambda u, numerator, denominator: u * numerator < denominator
+    )
+    assert (
+        chain_p_value(CHAIN_TARGET, CHAIN_DRAFT, *sample_chains(CHAIN_TARGET, CHAIN_DRAFT)) < CONTROL_P_VALUE
+    )
+
+
+def test_negative_control_chain_residual_from_the_target_is_caught(monkeypatch):
+    monkeypatch.setattr(verification, "_residual", lambda p, q: p)
+    assert (
+        chain_p_value(CHAIN_TARGET, CHAIN_DRAFT, *sample_chains(CHAIN_TARGET, CHAIN_DRAFT)) < CONTROL_P_VALUE
+    )
+
+
+def test_verify_chain_accepts_everything_when_target_equals_draft():
+    p = torch.tensor(CHAIN_DRAFT).expand(200, -1, -1)
+    generator = torch.Generator().manual_seed(3)
+    drafts = torch.stack([sample_drafts(p[:, i], 1, "iid", generator)[:, 0] for i in range(3)], 1)
+    target = torch.cat([p, torch.tensor(CHAIN_TARGET[-1:]).expand(200, -1, -1)], dim=1)
+    n_accepted, token = verify_chain(target, p, drafts, generator)
+    assert bool((n_accepted == 3).all())
+    assert bool((torch.tensor(CHAIN_TARGET[-1])[token] > 0).all())
+
+
+def test_verify_chain_with_no_drafts_samples_the_target():
+    generator = torch.Generator().manual_seed(0)
+    target = torch.tensor(CHAIN_TARGET[:1]).expand(20_000, -1, -1)
+    n_accepted, token = verify_chain(
+        target,
+        torch.empty(20_000, 0, 4, dtype=torch.float64),
+        torch.empty(20_000, 0, dtype=torch.int64),
+        generator,
+    )
+    assert bool((n_accepted == 0).all())
+    assert law_p_value(np.bincount(token.numpy(), minlength=4), CHAIN_TARGET[0]) > ACCEPT_P_VALUE
+
+
+LOGITS = st.lists(st.integers(-3, 3), min_size=3, max_size=3)  # small integers: argmax ties do occur
+
+
+@given(
+    st.integers(0, 4).flatmap(
+        lambda gamma: st.tuples(
+            st.lists(LOGITS, min_size=gamma + 1, max_size=gamma + 1),
+            st.lists(st.integers(0, 2), min_size=gamma, max_size=gamma),
+        )
+    )
+)
+def test_verify_chain_argmax_accepts_the_longest_prefix_of_target_argmaxes(data):
+    logits, drafts = data
+    target = torch.tensor(logits, dtype=torch.float32)
+    n_accepted, token = verify_chain_argmax(target, torch.tensor(drafts, dtype=torch.int64))
+    expected = 0
+    while expected < len(drafts) and drafts[expected] == int(np.argmax(logits[expected])):
+        expected += 1
+    assert int(n_accepted) == expected
+    assert int(token) == int(np.argmax(logits[expected]))  # numpy's argmax also takes the first maximum
+
+
+@given(
+    st.integers(0, 4).flatmap(
+        lambda gamma: st.tuples(
+            st.lists(LOGITS, min_size=gamma + 1, max_size=gamma + 1),
+            st.lists(LOGITS, min_size=gamma, max_size=gamma),
+        )
+    ),
+    st.integers(0, 2**16),
+)
+def test_sampling_at_temperature_zero_equals_argmax_verification(data, seed):
+    target_logits, draft_logits = (torch.tensor(v, dtype=torch.float32).reshape(-1, 3) for v in data)
+    target = logits_to_probs(target_logits, temperature=0.0)
+    draft = logits_to_probs(draft_logits, temperature=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    drafts = draft.argmax(dim=-1)  # the temperature-0 drafter
+    assert tuple(verify_chain(target, draft, drafts, generator)) == tuple(
+        verify_chain_argmax(target_logits, drafts)
+    )
+
+
+@st.composite
+def trees(draw):
+    size = draw(st.integers(1, 9))
+    parents = [-1] + [draw(st.integers(0, node - 1)) for node in range(1, size)]
+    tokens = draw(st.lists(st.integers(0, 2), min_size=size, max_size=size))
+    logits = draw(st.lists(LOGITS, min_size=size, max_size=size))
+    return parents, tokens, logits
+
+
+@given(trees())
+def test_verify_tree_argmax_follows_the_greedy_path(tree):
+    parents, tokens, logits = tree
+    path, token = verify_tree_argmax(torch.tensor(logits, dtype=torch.float32), parents, torch.tensor(tokens))
+    # Brute force: the path is the longest chain of nodes whose tokens are the argmax after their parent,
+    # choosing the first such child at each node.
+    node, expected = 0, []
+    while True:
+        best = int(np.argmax(logits[node]))
+        children = [
+            child for child in range(1, len(parents)) if parents[child] == node and tokens[child] == best
+        ]
+        if not children:
+            break
+        node = children[0]
+        expected.append(node)
+    assert path.tolist() == expected
+    assert int(token) == int(np.argmax(logits[node]))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Input validation
+
+
+def _inputs():
+    p = torch.tensor([0.1, 0.2, 0.3, 0.0, 0.4], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.0, 0.2, 0.4, 0.1], dtype=torch.float64)
+    return p, q, torch.Generator().manual_seed(0)
+
+
+def test_unknown_verifier_name_lists_the_valid_ones():
+    p, q, generator = _inputs()
+    with pytest.raises(ValueError, match="name must be one of.*'rrs_wor'.*'spechub'"):
+        verify_multidraft("specinfer", p, q, torch.tensor([0, 2]), generator)
+
+
+@pytest.mark.parametrize(
+    ("name", "drafts", "message"),
+    [
+        ("spechub", [0, 3, 2], "n = 2"),
+        ("spechub", [0, 2], "hub"),
+        ("greedy", [0, 2], "top n - 1"),
+        ("rrs_wor", [2, 2], "distinct"),
+        ("rrs", [0, 1], "draft_probs = 0"),
+        ("rrs", [0, 5], r"token ids in \[0, 5\)"),
+    ],
+)
+def test_drafts_the_law_cannot_produce_are_rejected(name, drafts, message):
+    p, q, generator = _inputs()
+    with pytest.raises(ValueError, match=message):
+        verify_multidraft(name, p, q, torch.tensor(drafts), generator)
+
+
+def test_multidraft_shape_and_value_errors_name_the_argument():
+    p, q, generator = _inputs()
+    with pytest.raises(ValueError, match="same shape"):
+        verify_multidraft("rrs", p, q[:4] / q[:4].sum(), torch.tensor([0]), generator)
+    with pytest.raises(ValueError, match="target_probs must sum to 1"):
+        verify_multidraft("rrs", p * 2, q, torch.tensor([0]), generator)
+    with pytest.raises(ValueError, match="draft_probs contains negative"):
+        verify_multidraft("rrs", p, q - 0.1, torch.tensor([0]), generator)
+    with pytest.raises(ValueError, match="drafts must"):
+        verify_multidraft("rrs", p, q, torch.tensor([[0, 2]]), generator)
+    with pytest.raises(ValueError, match="drafts must be an integer"):
+        verify_multidraft("rrs", p, q, torch.tensor([0.0]), generator)
+
+
+def test_chain_shape_errors_name_the_argument():
+    p, q, generator = _inputs()
+    with pytest.raises(ValueError, match="target_probs must have shape"):
+        verify_chain(torch.stack([p, p]), torch.stack([q, q]), torch.tensor([0, 0]), generator)
+    with pytest.raises(ValueError, match="drafts must have shape"):
+        verify_chain(torch.stack([p, p]), q[None], torch.tensor([0, 0]), generator)
+    with pytest.raises(ValueError, match="drafts must have shape"):
+        verify_chain_argmax(torch.stack([p, p]), torch.tensor([0, 0]))
+
+
+def test_tree_parent_array_errors_name_the_argument():
+    target = torch.rand(3, 4)
+    with pytest.raises(ValueError, match="parents"):
+        verify_tree_argmax(target, [0, 0, 1], torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"parents\[2\]"):
+        verify_tree_argmax(target, [-1, 0, 2], torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="target"):
+        verify_tree_argmax(target[:2], [-1, 0, 1], torch.tensor([0, 1, 2]))
+
+
+def test_kernels_keep_tensors_on_the_generator_device_and_reject_a_mismatch():
+    # CUDA-agnostic contract, checked on CPU: results live on the inputs' device; tensors on another device
+    # type than the generator are refused (the meta device stands in for an accelerator).
+    p, q, generator = _inputs()
+    for name in MULTIDRAFT_VERIFIERS:
+        law = VERIFIER_DRAFT_LAW[name] or "iid"
+        index, token = verify_multidraft(name, p, q, sample_drafts(q, 2, law, generator), generator)
+        assert index.device == token.device == p.device and token.dtype == torch.int64
+    with pytest.raises(ValueError, match="generator"):
+        verify_multidraft("rrs", p.to("meta"), q.to("meta"), torch.tensor([0, 2], device="meta"), generator)
+    with pytest.raises(ValueError, match="generator"):
+        verify_chain(p[None].expand(2, -1).to("meta"), q[None].to("meta"), torch.tensor([0]), generator)
+
+
+def test_float32_softmax_over_a_large_vocabulary_is_accepted_by_every_verifier():
+    # A float32 softmax over 49,152 tokens sums to 1 only within ~1e-5; the kernels (and theory's K-SEQ
+    # division factor, whose check allows 1e-6) must still take it, renormalised within tolerance.
+    generator = torch.Generator().manual_seed(0)
+    p, q = logits_to_probs(torch.randn(2, 49_152, generator=generator) * 3, temperature=0.8)
+    for name in MULTIDRAFT_VERIFIERS:
+        n = 2 if name == "spechub" else 3
+        drafts = sample_drafts(q, n, VERIFIER_DRAFT_LAW[name] or "iid", generator)
+        _, token = verify_multidraft(name, p, q, drafts, generator)
+        assert 0 <= int(token) < 49_152 and p[token] > 0
+    chain_target = logits_to_probs(torch.randn(4, 49_152, generator=generator) * 3)
+    chain_draft = logits_to_probs(torch.randn(3, 49_152, generator=generator) * 3)
+    n_accepted, token = verify_chain(
+        chain_target, chain_draft, sample_token(chain_draft, generator), generator
+    )
+    assert 0 <= int(n_accepted) <= 3 and chain_target[n_accepted, token] > 0
