@@ -7,13 +7,11 @@ number of drafts per step and ``gamma`` the draft length of a chain. Nothing her
 
 # Each problem family lives in its own module; the public names are re-exported here.
 from theory import strategies  # hypothesis strategies for users' property tests
-from theory.lossless import LosslessReport, check_lossless
-from theory.verifiers import Verifier, verifier
-from theory.multidraft import (
-    AcceptanceCertificate,
-    acceptance_rate,
-    optimal_acceptance,
-    optimal_acceptance_certificate,
+from theory.layer_parallel import (
+    LayerParallelSpeedup,
+    break_even_alpha_drop,
+    layer_parallel_draft_time,
+    layer_parallel_speedup,
 )
 from theory.length import continuous_optimal_draft_length, expected_tokens, optimal_draft_length, speedup
 from theory.length_policies import (
@@ -37,11 +35,12 @@ from theory.length_policies import (
     simulate_rule,
     specdecpp_threshold,
 )
-from theory.layer_parallel import (
-    LayerParallelSpeedup,
-    break_even_alpha_drop,
-    layer_parallel_draft_time,
-    layer_parallel_speedup,
+from theory.lossless import LosslessReport, check_lossless
+from theory.multidraft import (
+    AcceptanceCertificate,
+    acceptance_rate,
+    optimal_acceptance,
+    optimal_acceptance_certificate,
 )
 from theory.staged import StagedStep, expected_rounds, staged_step
 from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
@@ -56,3 +55,58 @@ from theory.trees import (
     tree_expected_tokens,
     tree_token_distribution,
 )
+from theory.verifiers import Verifier, verifier
+
+__all__ = [
+    "acceptance_rate",
+    "AcceptanceCertificate",
+    "break_even_alpha_drop",
+    "check_lossless",
+    "ConfidenceBuckets",
+    "continuous_optimal_draft_length",
+    "del_exit_choice",
+    "DraftState",
+    "dynamic_tree",
+    "DynamicTree",
+    "entropy_stop",
+    "evaluate_rule",
+    "ExitChoice",
+    "expected_rounds",
+    "expected_tokens",
+    "fixed_length_rule",
+    "greedy_tree",
+    "heuristic_schedule",
+    "IIDAcceptance",
+    "kangaroo_confidence_stop",
+    "layer_parallel_draft_time",
+    "layer_parallel_speedup",
+    "LayerParallelSpeedup",
+    "LengthCosts",
+    "LengthPolicy",
+    "LengthRule",
+    "LosslessReport",
+    "optimal_acceptance",
+    "optimal_acceptance_certificate",
+    "optimal_draft_length",
+    "optimal_length_policy",
+    "optimal_tree",
+    "plan_tree",
+    "PlanCandidate",
+    "PositionalAcceptance",
+    "rank_rules",
+    "RuleEvaluation",
+    "simulate_rule",
+    "simulate_tree_tokens",
+    "specdecpp_threshold",
+    "speedup",
+    "staged_step",
+    "StagedStep",
+    "strategies",
+    "Tree",
+    "tree_expected_tokens",
+    "tree_token_distribution",
+    "TreePlan",
+    "TreeSolution",
+    "Verifier",
+    "verifier",
+]
