@@ -12,9 +12,11 @@ import sys
 
 #: sub-command name -> module under experiments.commands
 COMMANDS = {
+    "validate": "validate",
     "bound": "bound",
     "plan-length": "plan_length",
     "plan-tree": "plan_tree",
+    "generate": "generate",
 }
 
 

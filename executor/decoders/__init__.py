@@ -1,0 +1,22 @@
+"""The decoders, one module each, sharing the decoding state, the KV-cache handling and the step loop."""
+
+from executor.decoders.autoregressive import AutoregressiveDecoder
+from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, run_tree
+from executor.decoders.chain import ChainDecoder, ConfidenceStop
+from executor.decoders.multidraft import MultiDraftDecoder
+from executor.decoders.tree import TREE_VERIFIERS, DynamicTree, TreeDecoder
+
+__all__ = [
+    "AutoregressiveDecoder",
+    "ChainDecoder",
+    "ConfidenceStop",
+    "Decoder",
+    "DecodingState",
+    "DraftTree",
+    "DynamicTree",
+    "MultiDraftDecoder",
+    "Sampling",
+    "TREE_VERIFIERS",
+    "TreeDecoder",
+    "run_tree",
+]

@@ -1,0 +1,157 @@
+"""One call to generate text with any decoder: the Python twin of ``specbound generate``."""
+
+from __future__ import annotations
+
+import torch
+
+from executor.decoders import (
+    TREE_VERIFIERS,
+    AutoregressiveDecoder,
+    ChainDecoder,
+    Decoder,
+    DynamicTree,
+    MultiDraftDecoder,
+    Sampling,
+    TreeDecoder,
+)
+from executor.drafters import DRAFTER_KINDS, parse_drafter
+from executor.logs import GenerationResult
+from theory._validation import as_choice
+
+__all__ = ["DECODERS", "build_decoder", "generate"]
+
+DECODERS = ("ar", "chain", "multidraft", "tree")
+
+
+def build_decoder(
+    decoder: str,
+    target,
+    *,
+    drafter: str | None = None,
+    verifier: str | None = None,
+    gamma: int = 4,
+    n: int = 2,
+    tree=None,
+    sampling: Sampling | None = None,
+    log_distributions: str = "none",
+) -> Decoder:
+    """A decoder by name (see :func:`generate` for the options); ``ValueError`` for unknown names."""
+    decoder = as_choice(decoder, "decoder", DECODERS)
+    if decoder == "ar":
+        if drafter is not None or verifier is not None:
+            raise ValueError("decoder 'ar' takes no drafter or verifier")
+        return AutoregressiveDecoder(target, sampling=sampling, log_distributions=log_distributions)
+    if drafter is None:
+        drafter = f"early-exit:{max(target.config.n_layers // 2, 1)}"
+    draft = parse_drafter(drafter, target)
+    common = {"sampling": sampling, "log_distributions": log_distributions}
+    if decoder == "chain":
+        if verifier is not None:
+            raise ValueError(
+                "verifier applies to the multidraft and tree decoders; chain uses speculative sampling"
+            )
+        return ChainDecoder(target, draft, gamma=gamma, **common)
+    if decoder == "multidraft":
+        return MultiDraftDecoder(target, draft, n=n, verifier=verifier or "rrs", **common)
+    shape = DynamicTree(budget=gamma * n + 1, max_depth=gamma, branching=n) if tree is None else tree
+    return TreeDecoder(target, draft, tree=shape, verifier=verifier or "rrs_wor", **common)
+
+
+def generate(
+    prompt: str,
+    *,
+    model=None,
+    tokenizer=None,
+    source: str | None = None,
+    chat: bool = False,
+    decoder: str = "ar",
+    drafter: str | None = None,
+    verifier: str | None = None,
+    gamma: int = 4,
+    n: int = 2,
+    tree=None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    log_distributions: str = "none",
+    stop_at_eos: bool = True,
+) -> GenerationResult:
+    """Generate a continuation of ``prompt`` with the chosen decoder and drafter.
+
+    Parameters
+    ----------
+    prompt : str
+        The text to continue (non-empty).
+    model, tokenizer : optional
+        A loaded :class:`executor.model.Transformer` and its tokenizer; default
+        :func:`executor.weights.load_model` of ``source`` (``None`` = the embedded SmolLM2-135M-Instruct).
+    chat : bool
+        Wrap ``prompt`` as one user message with the tokenizer's chat template.
+    decoder : str
+        ``"ar"`` (autoregressive), ``"chain"`` (speculative sampling), ``"multidraft"`` or ``"tree"``.
+    drafter : str, optional
+        ``"early-exit:K"`` (the target's first K layers), ``"ngram"`` (prompt lookup) or ``"model:PATH"``;
+        default ``early-exit`` at half the target's layers.
+    verifier : str, optional
+        Multi-draft / tree verifier: ``"rrs"`` (multidraft default), ``"rrs_wor"`` (tree default), ``"kseq"``,
+        ``"spechub"``, ``"greedy"``. Temperature 0 always verifies by argmax.
+    gamma : int
+        Draft length (chain) or tree depth (tree).
+    n : int
+        Drafts per step (multidraft) or children per node (tree).
+    tree : theory.Tree or parent array, optional
+        A static tree for ``decoder="tree"``; default a dynamic tree of ``gamma * n + 1`` nodes,
+        ``gamma`` levels and ``n`` children per node.
+    temperature, top_k, top_p
+        Sampling (temperature 0 = greedy).
+    max_new_tokens : int
+        ``>= 0``.
+    seed : int
+        Seed of the ``torch.Generator`` used for every random draw.
+    log_distributions : str
+        ``"none"``, ``"full"`` or ``"topk:K"`` (see :mod:`executor.logs`).
+    stop_at_eos : bool
+        Stop after the tokenizer's end-of-sequence token.
+
+    Returns
+    -------
+    GenerationResult
+        Token ids, text, per-step logs, :math:`\\tau`, per-position acceptance and tokens per second.
+    """
+    # Cheap checks first, so that bad options fail before the model is loaded.
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError("prompt must be a non-empty string")
+    as_choice(decoder, "decoder", DECODERS)
+    if verifier is not None:
+        as_choice(verifier, "verifier", TREE_VERIFIERS)
+    if drafter is not None and drafter.partition(":")[0] not in DRAFTER_KINDS:
+        raise ValueError(f"unknown drafter {drafter!r}; use 'early-exit:K', 'ngram' or 'model:PATH'")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    if model is None:
+        from executor.weights import load_model
+
+        model, tokenizer = load_model(source)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer together with the model")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    runner = build_decoder(
+        decoder,
+        model,
+        drafter=drafter,
+        verifier=verifier,
+        gamma=gamma,
+        n=n,
+        tree=tree,
+        sampling=sampling,
+        log_distributions=log_distributions,
+    )
+    device = model.tok_embeddings.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos_id = tokenizer.eos_id if stop_at_eos else None
+    result = runner.generate(tokenizer.encode(text), max_new_tokens, generator=generator, eos_id=eos_id)
+    result.text = tokenizer.decode(result.token_ids)
+    return result

@@ -1,0 +1,70 @@
+"""``specbound generate``: continue a prompt with any decoder; print the text or JSON metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+HELP = "generate a continuation with the autoregressive, chain, multi-draft or tree decoder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument(
+        "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2-135M)"
+    )
+    parser.add_argument("--decoder", default="ar", choices=["ar", "chain", "multidraft", "tree"])
+    parser.add_argument(
+        "--drafter", default=None, help="early-exit:K | ngram | model:PATH (default early-exit at half depth)"
+    )
+    parser.add_argument(
+        "--verifier", default=None, help="rrs | rrs_wor | kseq | spechub | greedy (multidraft, tree)"
+    )
+    parser.add_argument("--gamma", type=int, default=4, help="draft length (chain) or tree depth (tree)")
+    parser.add_argument(
+        "--n", type=int, default=2, help="drafts per step (multidraft) or children per node (tree)"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print token ids, text, tau, acceptance and tokens/s"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from executor.generate import generate
+
+    threads = args.threads if args.threads is not None else len(os.sched_getaffinity(0))
+    if threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    result = generate(
+        args.prompt,
+        source=args.model,
+        chat=args.chat,
+        decoder=args.decoder,
+        drafter=args.drafter,
+        verifier=args.verifier,
+        gamma=args.gamma,
+        n=args.n,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(result.text)
+    return 0

@@ -1,0 +1,94 @@
+"""``specbound generate`` and ``executor.generate.generate`` on the embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from executor.generate import generate
+from experiments.cli import main
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    from executor.weights import load_model
+
+    torch.set_num_threads(1)
+    return load_model(device="cpu", dtype=torch.float32)
+
+
+def test_cli_json_reports_tokens_text_tau_acceptance_and_speed(capsys):
+    code = main(
+        [
+            "generate",
+            "--prompt",
+            "def add(a, b):",
+            "--decoder",
+            "chain",
+            "--drafter",
+            "ngram",
+            "--gamma",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "--threads",
+            "1",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["token_ids"]) == 8
+    assert report["text"]
+    assert report["tau"] >= 1.0
+    assert isinstance(report["acceptance_per_position"], list)
+    assert report["tokens_per_second"] > 0
+
+
+def test_python_call_matches_the_cli_and_greedy_decoders_agree(smollm, capsys):
+    model, tokenizer = smollm
+    reference = generate("def add(a, b):", model=model, tokenizer=tokenizer, max_new_tokens=8)
+    main(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--threads", "1"])
+    assert capsys.readouterr().out == reference.text + "\n"
+    tree = generate(
+        "def add(a, b):",
+        model=model,
+        tokenizer=tokenizer,
+        max_new_tokens=8,
+        decoder="tree",
+        drafter="early-exit:4",
+        gamma=2,
+        n=2,
+    )
+    assert tree.token_ids == reference.token_ids
+
+
+def test_chat_prompt_uses_the_chat_template(smollm):
+    model, tokenizer = smollm
+    result = generate("Hi", model=model, tokenizer=tokenizer, chat=True, max_new_tokens=2)
+    assert result.prompt_ids == tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompt", ""], "prompt must be a non-empty string"),
+        (["--prompt", "x", "--max-new-tokens", "-1"], "max_new_tokens must be an integer >= 0"),
+        (["--prompt", "x", "--decoder", "chain", "--drafter", "bogus"], "unknown drafter 'bogus'"),
+        (["--prompt", "x", "--decoder", "multidraft", "--verifier", "bogus"], "verifier must be one of"),
+        (["--prompt", "x", "--decoder", "chain", "--drafter", "early-exit:99"], "exit_layer must be below"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
+    assert main(["generate", "--threads", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_prompt_longer_than_the_context_is_an_error(smollm):
+    model, tokenizer = smollm
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        generate("hello " * 9000, model=model, tokenizer=tokenizer, max_new_tokens=1)
