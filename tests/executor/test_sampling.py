@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from scipy import stats
 
 from executor.sampling import (
     TORCH_DRAFT_LAWS,
@@ -21,34 +20,13 @@ from executor.sampling import (
     sample_token,
     top_tokens,
 )
+from tests.goodness_of_fit import law_p_value
 from theory import draft_laws
 
 torch.set_num_threads(1)
 
 ACCEPT_P_VALUE = 1e-3  # a correct sampler passes at this level
 CONTROL_P_VALUE = 1e-6  # a broken one must be rejected far more strongly
-
-
-def law_p_value(observed: np.ndarray, probabilities: np.ndarray) -> float:
-    """Chi-square p-value of counts against a law; 0 when a count falls on a zero-probability cell.
-
-    Cells with an expected count below 5 are pooled so the chi-square approximation holds.
-    """
-    observed = np.asarray(observed, dtype=np.float64)
-    total = observed.sum()
-    if np.any(observed[probabilities <= 0] > 0):
-        return 0.0
-    expected = probabilities * total
-    large = expected >= 5
-    small = ~large & (probabilities > 0)
-    observed_cells = np.append(observed[large], observed[small].sum())
-    expected_cells = np.append(expected[large], expected[small].sum())
-    if expected_cells[-1] == 0:
-        observed_cells, expected_cells = observed_cells[:-1], expected_cells[:-1]
-    if len(expected_cells) < 2:
-        return 1.0  # a single possible cell: nothing to test beyond the zero-cell check above
-    expected_cells *= observed_cells.sum() / expected_cells.sum()
-    return float(stats.chisquare(observed_cells, expected_cells).pvalue)
 
 
 def tuple_p_value(drafts: torch.Tensor, q: np.ndarray, n: int, law: str) -> float:
