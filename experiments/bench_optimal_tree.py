@@ -16,44 +16,11 @@ import time
 
 import numpy as np
 
+from experiments.examples import SEQUOIA_DEMO_COUNTS, SEQUOIA_DEMO_POSITIONS
 from theory import greedy_tree, optimal_tree
 
-# Sequoia repository's acceptance-rate-vector.pt (68M -> 7B, CNN): counts / 667, p_1 .. p_32.
-COUNTS = [
-    423,
-    72,
-    38,
-    15,
-    13,
-    10,
-    3,
-    2,
-    8,
-    3,
-    5,
-    3,
-    4,
-    2,
-    1,
-    2,
-    1,
-    2,
-    0,
-    2,
-    2,
-    2,
-    0,
-    1,
-    0,
-    1,
-    0,
-    0,
-    0,
-    1,
-    1,
-    1,
-]
-ACC = np.array(COUNTS) / 667
+# The Sequoia repository's demo acceptance vector (68M -> 7B, CNN), p_1 .. p_32.
+ACC = np.array(SEQUOIA_DEMO_COUNTS) / SEQUOIA_DEMO_POSITIONS
 DEPTH, WIDTH = 16, 32
 
 

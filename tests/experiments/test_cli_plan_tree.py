@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
+from experiments.examples import SEQUOIA_DEMO_COUNTS
 from theory import Tree, optimal_tree, plan_tree, tree_expected_tokens
 
 ACC = [0.6, 0.2, 0.1]
@@ -94,42 +95,7 @@ def test_text_output_draws_the_tree_and_lists_alternatives(files, capsys):
 
 
 def test_sequoia_repository_formats_are_accepted(tmp_path, capsys):
-    counts = np.array(
-        [
-            423,
-            72,
-            38,
-            15,
-            13,
-            10,
-            3,
-            2,
-            8,
-            3,
-            5,
-            3,
-            4,
-            2,
-            1,
-            2,
-            1,
-            2,
-            0,
-            2,
-            2,
-            2,
-            0,
-            1,
-            0,
-            1,
-            0,
-            0,
-            0,
-            1,
-            1,
-            1,
-        ]
-    )
+    counts = np.array(SEQUOIA_DEMO_COUNTS, dtype=float)
     acc = tmp_path / "acc.json"
     acc.write_text(json.dumps({"acceptance": (counts / 667).tolist()}))
     latency = tmp_path / "lat.json"

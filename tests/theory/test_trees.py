@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from experiments.examples import sequoia_demo_acceptance
 from theory import (
     Tree,
     dynamic_tree,
@@ -531,42 +532,8 @@ def test_dynamic_tree_rejects_bad_arguments():
 # The hardware-aware planner
 # --------------------------------------------------------------------------------------------------------
 
-# Infini-AI-Lab/Sequoia acceptance-rate-vector.pt: float32 counts / 667 (with 49 "none"), p_1 .. p_32.
-SEQUOIA_COUNTS = [
-    423,
-    72,
-    38,
-    15,
-    13,
-    10,
-    3,
-    2,
-    8,
-    3,
-    5,
-    3,
-    4,
-    2,
-    1,
-    2,
-    1,
-    2,
-    0,
-    2,
-    2,
-    2,
-    0,
-    1,
-    0,
-    1,
-    0,
-    0,
-    0,
-    1,
-    1,
-    1,
-]
-SEQUOIA_ACC = (np.array(SEQUOIA_COUNTS, dtype=np.float32) / np.float32(667)).astype(np.float64)
+# Infini-AI-Lab/Sequoia acceptance-rate-vector.pt (see experiments/examples.py), p_1 .. p_32.
+SEQUOIA_ACC = sequoia_demo_acceptance()
 # demo-config.json: valid_budget -> target_time, draft_time 0.3, max_depth 10 levels (root included).
 SEQUOIA_DEMO_TIMES = {1: 10, 2: 10, 4: 10, 8: 12, 16: 14, 32: 18}
 
