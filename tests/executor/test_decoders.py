@@ -434,3 +434,19 @@ def test_greedy_deviation_check_catches_a_decoder_that_is_not_greedy(smollm):
     with pytest.raises(AssertionError):
         for _, gap in greedy_deviations(model, prompt, sampled.token_ids):
             assert gap < NEAR_TIE
+
+
+@given(tree_parents=st.lists(st.integers(0, 20), min_size=0, max_size=12), prefix=st.integers(0, 5))
+def test_draft_tree_mask_equals_the_theory_tree_mask_behind_the_prefix(tree_parents, prefix):
+    # The executor grows trees node by node; its mask must be theory.Tree's (self and ancestors) after a fully
+    # visible committed prefix.
+    from theory import Tree
+
+    parents = [-1] + [min(parent, node) for node, parent in enumerate(tree_parents)]
+    draft = DraftTree(root_token=0)
+    for parent in parents[1:]:
+        draft.add_child(parent, token=1)
+    nodes = list(range(len(parents)))
+    mask = draft.attention_mask(nodes, prefix).numpy()
+    assert mask[:, :prefix].all()
+    np.testing.assert_array_equal(mask[:, prefix:], Tree(parents).attention_mask())
