@@ -3,8 +3,9 @@
 Run ``python -m experiments.bench_optimal_acceptance [--quick] [--out PATH]``. All timings in one run on the same
 arrays: the sort-based :func:`theory.optimal_acceptance` on a (256, 49152) batch for ``draft="iid"`` and
 ``draft="wor"`` (n = 2, 3, 4, 8), each as a ratio to ``numpy.argsort`` of that batch (the floor for a sort-based
-method); then the LP and POT oracles (iid, n = 2) on the largest vocabulary they finish within 10 s. Prints a table
-and writes JSON (atomically). The recorded table is in ``docs/benchmarks/optimal_acceptance.md``.
+method); the same on a (4096, 256) batch of small vocabularies (no target; it shows the per-row overheads); then
+the LP and POT oracles (iid, n = 2) on the largest vocabulary they finish within 10 s. Prints a table and writes
+JSON (atomically). The recorded table is in ``docs/benchmarks/optimal_acceptance.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from theory import optimal_acceptance
 
 BATCH, VOCAB = 256, 49152
 QUICK_BATCH = 16
+SMALL_BATCH, SMALL_VOCAB = 4096, 256
 ORACLE_BUDGET_SECONDS = 10.0
 
 
@@ -57,6 +59,29 @@ def best_time(function, repeats: int):
     return min(times), result
 
 
+def time_against_argsort(p, q, cases, repeats: int, label: str) -> list[dict]:
+    """Rows of (case, seconds, ratio to the argsort of ``p / q``, target, mean alpha*), timed side by side."""
+    ratio = p / q
+    floor, _ = best_time(lambda: np.argsort(ratio, axis=-1), repeats)
+    rows = [
+        {"case": f"numpy.argsort {label}", "seconds": floor, "ratio": 1.0, "target": None, "mean_alpha": None}
+    ]
+    for draft, n, target in cases:
+        seconds, values = best_time(
+            lambda n=n, draft=draft: optimal_acceptance(p, q, n, draft=draft), repeats
+        )
+        rows.append(
+            {
+                "case": f"sorted {draft} n={n} {label}",
+                "seconds": seconds,
+                "ratio": seconds / floor,
+                "target": target,
+                "mean_alpha": float(values.mean()),
+            }
+        )
+    return rows
+
+
 def oracle_largest_vocab(method: str, rng: np.random.Generator, vocabs: list[int]) -> dict:
     """Largest vocabulary in ``vocabs`` on which ``method`` (iid, n = 2) finishes within the budget."""
     result = {"method": method, "vocab": None, "seconds": None, "agrees_with_sorted": None}
@@ -82,37 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     batch = QUICK_BATCH if args.quick else BATCH
     repeats = 1 if args.quick else 3
     p, q = lm_like_pairs(rng, batch, VOCAB)
-    ratio = p / q
-
-    floor, _ = best_time(lambda: np.argsort(ratio, axis=-1), repeats)
-    rows = [
-        {"case": "numpy.argsort (floor)", "seconds": floor, "ratio": 1.0, "target": None, "mean_alpha": None}
-    ]
     cases = [("iid", 2, 3.0), ("iid", 8, 3.0)] + [("wor", n, 30.0) for n in (2, 3, 4, 8)]
-    for draft, n, target in cases:
-        seconds, values = best_time(
-            lambda n=n, draft=draft: optimal_acceptance(p, q, n, draft=draft), repeats
-        )
-        rows.append(
-            {
-                "case": f"sorted {draft} n={n}",
-                "seconds": seconds,
-                "ratio": seconds / floor,
-                "target": target,
-                "mean_alpha": float(values.mean()),
-            }
-        )
+    rows = time_against_argsort(p, q, cases, repeats, f"({batch}, {VOCAB})")
+    small_batch = SMALL_BATCH // 16 if args.quick else SMALL_BATCH
+    p, q = lm_like_pairs(rng, small_batch, SMALL_VOCAB)
+    small_cases = [("iid", 2, None), ("wor", 2, None), ("wor", 3, None), ("wor", 8, None)]
+    rows += time_against_argsort(p, q, small_cases, repeats, f"({small_batch}, {SMALL_VOCAB})")
 
     vocabs = [8, 16, 32, 48] if args.quick else [8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
     oracles = [oracle_largest_vocab(method, rng, vocabs) for method in ("lp", "pot")]
 
     print(f"batch ({batch}, {VOCAB}), numpy {np.__version__}, {os.cpu_count()} cores, best of {repeats}")
-    print(f"{'case':<24}{'seconds':>10}{'x argsort':>11}{'target':>8}{'met':>5}{'mean alpha*':>13}")
+    print(f"{'case':<38}{'seconds':>10}{'x argsort':>11}{'target':>8}{'met':>5}{'mean alpha*':>13}")
     for row in rows:
         target = "" if row["target"] is None else f"{row['target']:.0f}x"
         met = "" if row["target"] is None else ("yes" if row["ratio"] <= row["target"] else "NO")
         alpha = "" if row["mean_alpha"] is None else f"{row['mean_alpha']:.6f}"
-        print(f"{row['case']:<24}{row['seconds']:>10.3f}{row['ratio']:>11.2f}{target:>8}{met:>5}{alpha:>13}")
+        print(f"{row['case']:<38}{row['seconds']:>10.3f}{row['ratio']:>11.2f}{target:>8}{met:>5}{alpha:>13}")
     for oracle in oracles:
         print(
             f"oracle {oracle['method']} (iid, n=2): largest V within {ORACLE_BUDGET_SECONDS:.0f} s = {oracle['vocab']}"

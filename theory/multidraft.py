@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from theory._validation import as_choice, as_count, as_distribution, as_distribution_pair
-from theory._wor import wor_prefix_inclusion, wor_prefix_inclusion_two
+from theory._wor import wor_prefix_inclusion_two, wor_prefix_minimiser
 from theory.draft_laws import DRAFT_LAWS, check_draft_law, enumerate_drafts, top_tokens
 
 __all__ = [
@@ -45,6 +45,8 @@ METHODS = ("auto", "sorted", "lp", "pot", "cvxpy", "maxflow", "enumerate")
 MAX_ENUMERATE_VOCAB = 20
 #: Largest number of draft tuples for which the certificate carries the law and a coupling.
 MAX_CERTIFICATE_DRAFTS = 5000
+#: Entries per block of rows in the sort-based method (about 0.5 MB per work array, so they stay in cache).
+SORTED_BLOCK_ELEMENTS = 1 << 16
 
 
 def acceptance_rate(p, q) -> float | np.ndarray:
@@ -118,7 +120,8 @@ def optimal_acceptance(p, q, n, *, draft: str = "iid", method: str = "auto") -> 
         :math:`\alpha^* = 1 + \min_k [P_k - Q(H_k)]`, :math:`H_k` the ``k`` tokens of smallest :math:`p/q`,
         vectorised over the batch; :math:`Q(H) = q(H)^n` for ``"iid"``; for ``"wor"`` the exact
         :math:`Q_2(H) = x - s \sum_{i \in H} q_i/(1 - q_i)` (``n = 2``) and the exponential-clock quadrature
-        of :func:`theory._wor.wor_prefix_inclusion` (``n >= 3``, error < 1e-12). For ``"greedy"`` and
+        of :func:`theory._wor.wor_prefix_inclusion` (``n >= 3``, error < 1e-12), evaluated on only as many
+        prefixes as a branch and bound needs (:func:`theory._wor.wor_prefix_minimiser`). For ``"greedy"`` and
         ``"spechub"`` the closed form :math:`p(T) + \sum_{x \notin T} \min(p(x), q(x)/(1 - q(T)))`, ``T`` the
         top ``n - 1`` tokens of ``q``. Not available for ``"independent"`` (the ratio order is not always
         optimal there).
@@ -157,7 +160,7 @@ def optimal_acceptance(p, q, n, *, draft: str = "iid", method: str = "auto") -> 
                 "optimal for different draft distributions); use 'enumerate', 'lp', 'pot', 'cvxpy' or 'maxflow'"
             )
         values = (
-            _closed_form(p, q, n, draft)[0] if draft in ("greedy", "spechub") else _sorted(p, q, n, draft)[0]
+            _closed_form(p, q, n, draft)[0] if draft in ("greedy", "spechub") else _sorted(p, q, n, draft)
         )
     else:
         if method == "enumerate" and p.shape[-1] > MAX_ENUMERATE_VOCAB:
@@ -215,8 +218,7 @@ def optimal_acceptance_certificate(p, q, n, *, draft: str = "iid") -> Acceptance
             values, in_set = _closed_form(p[None], q[None], n, draft)
             token_set = np.flatnonzero(in_set[0])
         else:
-            values, order, size = _sorted(p[None], q[None], n, draft)
-            token_set = np.sort(order[0, : size[0]])
+            values, (token_set,) = _sorted(p[None], q[None], n, draft, with_sets=True)
         value = float(values[0])
         tuples = probabilities = None
         if _law_size(q, n, draft) <= MAX_CERTIFICATE_DRAFTS:
@@ -288,63 +290,97 @@ def _scalar_or_array(values: np.ndarray) -> float | np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Sort-based and closed-form methods (vectorised over the batch)
+# Sort-based methods (in cache-sized blocks of rows) and closed forms (vectorised over the batch)
+
+
+def _sorted(p: np.ndarray, q: np.ndarray, n: int, draft: str, with_sets: bool = False):
+    r"""Ratio-prefix form :math:`\alpha^* = 1 + \min_{k=0..V} [P_k - Q(H_k)]` for ``"iid"`` and ``"wor"``.
+
+    ``H_k`` is the ``k`` tokens of smallest :math:`p/q` (``p = 0 < q`` first, ``q = 0`` last).
+
+    Blocks of about :data:`SORTED_BLOCK_ELEMENTS` entries (one row at LM vocabulary sizes): every pass after
+    the sort (gathers, cumulative sums, the power and the minimum) then reads arrays that are still in cache,
+    about twice as fast as the same passes over a whole (256, 49152) batch
+    (``docs/benchmarks/optimal_acceptance.md``), while small vocabularies keep batched passes.
+
+    Returns the values (B,) and, if ``with_sets``, a list with the minimising prefix (token ids) of each row.
+    """
+    rows, vocab = p.shape
+    values = np.empty(rows)
+    token_sets = []
+    block = max(1, SORTED_BLOCK_ELEMENTS // vocab)
+    offsets = (np.arange(min(block, rows)) * vocab)[:, None]
+    for start in range(0, rows, block):
+        p_block, q_block = p[start : start + block], q[start : start + block]
+        order = _ratio_order(p_block, q_block)
+        flat = order + offsets[: len(order)]  # gathers through flat indices: take_along_axis is slower
+        p_sorted, q_sorted = p_block.ravel()[flat], q_block.ravel()[flat]
+        target_mass = np.zeros((len(order), vocab + 1))
+        np.cumsum(p_sorted, axis=-1, out=target_mass[:, 1:])
+        if draft == "iid" or n == 1:
+            draft_mass = np.zeros_like(target_mass)
+            np.cumsum(q_sorted, axis=-1, out=draft_mass[:, 1:])
+            gap = np.subtract(target_mass, np.power(draft_mass, n, out=draft_mass), out=draft_mass)
+            size = np.argmin(gap, axis=-1)
+        else:
+            gap = target_mass - _wor_inclusion(target_mass, q_sorted, n)
+            size = np.nanargmin(gap, axis=-1)
+        values[start : start + block] = np.take_along_axis(gap, size[:, None], axis=-1)[:, 0]
+        if with_sets:
+            token_sets.extend(np.sort(row[:k]) for row, k in zip(order, size, strict=True))
+    values = np.clip(1.0 + values, 0.0, 1.0)
+    return (values, token_sets) if with_sets else values
 
 
 def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Tokens by ascending ``p/q`` per row: ``p = 0 < q`` first (ratio 0), ``q = 0`` last (ratio +inf)."""
-    ratio = np.full_like(p, np.inf)
-    np.divide(p, q, out=ratio, where=q > 0)
+    """Tokens by ascending ``p/q`` per row: ``p = 0 < q`` first (ratio 0), ``q = 0`` last (ratio +inf).
+
+    ``0/0`` is mapped to +inf rather than left NaN: numpy's argsort is about five times slower on arrays
+    that hold NaNs. The order among ``q = 0`` tokens does not matter (they add to ``p(H)`` and not to
+    ``Q(H)``), nor does the order within exact ties (the gap is concave along a tie).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.divide(p, q)
+    np.fmin(ratio, np.inf, out=ratio)  # NaN (0/0) -> inf
     return np.argsort(ratio, axis=-1)
 
 
-def _sorted(p: np.ndarray, q: np.ndarray, n: int, draft: str):
-    r"""Ratio-prefix form :math:`\alpha^* = 1 + \min_{k=0..V} [P_k - Q(H_k)]` for ``"iid"`` and ``"wor"``.
+def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.ndarray:
+    r""":math:`Q_n(H_k)` of successive sampling on the prefixes (B, V + 1) that decide the minimum, else NaN.
 
-    Returns the values (B,), the order (B, V) and the minimising prefix length (B,).
+    ``n = 2``: the exact :math:`O(V)` formula on every prefix. ``n >= 3``: bounds from the exact :math:`Q_2`
+    discard prefixes that cannot be minimisers, and :func:`theory._wor.wor_prefix_minimiser` evaluates the
+    quadrature on as few of the others as it needs, row by row. Given the first ``j`` draws in ``H`` with
+    drawn mass ``D``, the next draw stays in ``H`` with probability :math:`(x - D)/(1 - D) = 1 - s/(s + x - D)`,
+    decreasing in ``D``; ``D`` is at most :math:`\min(j\,m, T_j, x)` with ``m`` the largest ``q`` in ``H`` and
+    :math:`T_j` the sum of the ``j`` largest ``q`` of the row. So
+    :math:`Q_2 \prod_{j=2}^{n-1} (1 - s/(s + x - \min(jm, T_j, x))) \le Q_n \le Q_2\, x^{n-2}`. A prefix
+    whose lower bound on :math:`P_k - Q_n` exceeds the smallest upper bound cannot be the minimiser.
     """
-    order = _ratio_order(p, q)
-    p_sorted = np.take_along_axis(p, order, axis=-1)
-    q_sorted = np.take_along_axis(q, order, axis=-1)
-    target_mass = np.zeros((p.shape[0], p.shape[1] + 1))
-    np.cumsum(p_sorted, axis=-1, out=target_mass[:, 1:])
-    if draft == "iid" or n == 1:
-        draft_mass = np.zeros_like(target_mass)
-        np.cumsum(q_sorted, axis=-1, out=draft_mass[:, 1:])
-        inclusion = draft_mass**n
-    else:
-        suffix = np.zeros_like(target_mass)
-        suffix[:, :-1] = np.cumsum(q_sorted[:, ::-1], axis=-1)[:, ::-1]
-        inclusion = wor_prefix_inclusion_two(q_sorted, suffix)
-        if n > 2:
-            inclusion = _wor_inclusion_on_candidates(target_mass, q_sorted, suffix, inclusion, n)
-    gap = target_mass - inclusion
-    size = np.nanargmin(gap, axis=-1)
-    best = np.take_along_axis(gap, size[:, None], axis=-1)[:, 0]
-    return np.clip(1.0 + best, 0.0, 1.0), order, size
-
-
-def _wor_inclusion_on_candidates(target_mass, q_sorted, suffix, inclusion_two, n):
-    r""":math:`Q_n` on the prefixes that can be minimisers, NaN elsewhere.
-
-    Bounds from the exact :math:`Q_2`: given the first ``j`` draws in ``H`` with drawn mass ``D``, the next
-    draw stays in ``H`` with probability :math:`(x - D)/(1 - D) = 1 - s/(s + x - D)`, decreasing in ``D``;
-    :math:`0 \le D \le \min(j\,m, x)` with ``m`` the largest ``q`` in ``H``. So
-    :math:`Q_2 \prod_{j=2}^{n-1} (1 - s/(s + (x - \min(jm, x)))) \le Q_n \le Q_2\, x^{n-2}`. A prefix whose
-    lower bound on :math:`P_k - Q_n` exceeds the smallest upper bound cannot be the minimiser.
-    """
+    suffix = np.zeros_like(target_mass)
+    suffix[:, :-1] = np.cumsum(q_sorted[:, ::-1], axis=-1)[:, ::-1]
+    inclusion_two = wor_prefix_inclusion_two(q_sorted, suffix)
+    if n == 2:
+        return inclusion_two
     mass = 1.0 - suffix
     largest = np.zeros_like(mass)
     np.maximum.accumulate(q_sorted, axis=-1, out=largest[:, 1:])
+    top_sums = np.cumsum(-np.sort(-q_sorted, axis=-1)[:, : n - 1], axis=-1)  # T_j, j = 1..n-1
     upper = inclusion_two * mass ** (n - 2)
     lower = inclusion_two.copy()
     for drawn in range(2, n):
-        room = mass - np.minimum(drawn * largest, mass)
+        drawn_mass = np.minimum(np.minimum(drawn * largest, top_sums[:, drawn - 1 : drawn]), mass)
+        room = mass - drawn_mass
         with np.errstate(invalid="ignore", divide="ignore"):
             lower *= np.where(room > 0, 1.0 - suffix / (suffix + room), 0.0)
     best_upper = (target_mass - lower).min(axis=-1, keepdims=True)
     candidates = target_mass - upper <= best_upper + 1e-10  # slack for round-off in the bounds
-    return wor_prefix_inclusion(q_sorted, suffix, n, prefixes=candidates)
+    return np.stack(
+        [
+            wor_prefix_minimiser(*row, n, wanted, bound)
+            for *row, wanted, bound in zip(target_mass, q_sorted, suffix, candidates, upper, strict=True)
+        ]
+    )
 
 
 def _top_tokens_batched(q: np.ndarray, count: int) -> np.ndarray:
