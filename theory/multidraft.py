@@ -492,9 +492,10 @@ def _cvxpy(tuples, probabilities, p) -> float:
     member = _membership(tuples, p.shape[-1]).astype(float)
     u = cp.Variable(len(tuples))
     v = cp.Variable(p.shape[-1])
-    # (u + c, v - c) has the same objective, so v_last = 0 loses nothing; it also keeps the LP bounded when
-    # sum(P) and sum(p) differ by round-off (the dual of dropping the redundant marginal row).
-    constraints = [u[:, None] + v[None, :] >= member, v[-1] == 0]
+    # The constraint matrix is totally unimodular and some optimum has u, v in {0, 1} (the subset form), so
+    # u, v >= 0 loses nothing; it bounds the objective below, which pinning one v_y = 0 did not when HiGHS
+    # met draft-tuple probabilities near its tolerances (it reported "unbounded" on a bounded problem).
+    constraints = [u[:, None] + v[None, :] >= member, u >= 0, v >= 0]
     problem = cp.Problem(cp.Minimize(probabilities @ u + p @ v), constraints)
     problem.solve(solver=cp.HIGHS, **_HIGHS_TOLERANCES)
     if problem.status != cp.OPTIMAL:

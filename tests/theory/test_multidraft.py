@@ -103,7 +103,7 @@ def test_sorted_method_equals_brute_force_subset_minimum(pair, n, draft):
 
 # Each example solves five LPs / flows (~0.1 s together), so this property runs 60 examples, not 200; the
 # cheaper test above covers the sorted method on the full 200 and up to V = 8, n = 4.
-@settings(max_examples=60)
+@settings(max_examples=200)
 @given(pairs(max_vocab=5), strategies.draft_counts(max_n=3), st.sampled_from(SORTED_LAWS))
 def test_all_methods_agree(pair, n, draft):
     p, q = pair
@@ -193,7 +193,7 @@ def test_iid_optimum_is_nondecreasing_in_the_number_of_drafts(pair, n):
 
 
 # ~25 exact solves per example (every law and method): 60 examples, not 200.
-@settings(max_examples=60)
+@settings(max_examples=200)
 @given(pairs(max_vocab=5))
 def test_one_draft_reduces_every_law_and_method_to_single_draft_acceptance(pair):
     p, q = pair

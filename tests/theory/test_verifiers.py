@@ -253,7 +253,7 @@ def test_closed_forms_are_fast_at_a_real_vocabulary():
 # The optimal verifier (built on theory.multidraft's certificate)
 
 
-@settings(max_examples=60)  # one LP coupling per draft law per example; 60 covers V <= 5, n <= 3 well
+@settings(max_examples=200)
 @given(cases(max_vocab=5, max_n=3, max_tuples=125))
 def test_optimal_verifier_attains_optimal_acceptance_and_is_lossless(case):
     p, q, n = case
