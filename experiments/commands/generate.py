@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 HELP = "generate a continuation with the autoregressive, chain, multi-draft or tree decoder"
 
@@ -40,14 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from executor.generate import generate
+    from experiments.commands import set_torch_threads
 
-    threads = args.threads if args.threads is not None else len(os.sched_getaffinity(0))
-    if threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)
+    set_torch_threads(args.threads)
     result = generate(
         args.prompt,
         source=args.model,

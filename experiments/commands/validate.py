@@ -27,14 +27,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--decoders", default=None, help=f"comma-separated subset of: {labels}")
     parser.add_argument("--out", default="runs/validate", help="run directory (resumed if it exists)")
     parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
+    )
 
 
 def run(args) -> int:
     import os
 
-    import torch
-
+    from experiments.commands import set_torch_threads
     from experiments.validate import DEFAULT_DECODERS, ValidationConfig, run_validation
 
     if args.prompts < 1:
@@ -53,7 +54,7 @@ def run(args) -> int:
         if unknown:
             raise ValueError(f"--decoders: unknown {', '.join(unknown)}; choose from {', '.join(by_label)}")
         specs = tuple(by_label[label] for label in wanted)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    set_torch_threads(args.threads)
     config = ValidationConfig(
         model=args.model,
         drafter=args.drafter,
