@@ -24,6 +24,7 @@ import os
 import time
 
 import torch
+from tqdm import tqdm
 
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
 from executor.drafters import EarlyExitDrafter, PromptLookupDrafter
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for runner in runners.values():  # warm-up (allocations, lazy initialisation)
         runner(prompts[0], 8)
     totals = {name: {"tokens": 0, "seconds": 0.0, "tau": []} for name in runners}
-    for prompt in prompts:
+    for prompt in tqdm(prompts, desc="bench_executor", unit="prompt"):
         for name, runner in runners.items():  # interleaved, so that load changes hit every row alike
             tokens, seconds, tau = runner(prompt, args.max_new_tokens)
             totals[name]["tokens"] += tokens
