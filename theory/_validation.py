@@ -89,7 +89,9 @@ def as_probabilities(value, name: str) -> np.ndarray:
     if array.size and not np.all(np.isfinite(array)):
         raise ValueError(f"{name} contains NaN or infinite entries")
     if array.size and (array.min() < 0 or array.max() > 1):
-        raise ValueError(f"{name} entries must lie in [0, 1], got range [{array.min():.3g}, {array.max():.3g}]")
+        raise ValueError(
+            f"{name} entries must lie in [0, 1], got range [{array.min():.3g}, {array.max():.3g}]"
+        )
     return array
 
 

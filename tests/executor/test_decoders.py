@@ -419,7 +419,9 @@ def test_every_decoder_equals_autoregressive_greedy_on_humaneval_with_smollm(smo
         output = decoder.generate(prompt, NEW_TOKENS).token_ids
         assert len(output) == NEW_TOKENS
         for index, gap in greedy_deviations(model, prompt, output):
-            assert gap < NEAR_TIE, f"{name} leaves greedy decoding at token {index}, top-two logit gap {gap:.2e}"
+            assert gap < NEAR_TIE, (
+                f"{name} leaves greedy decoding at token {index}, top-two logit gap {gap:.2e}"
+            )
 
 
 @pytest.mark.slow

@@ -18,8 +18,12 @@ from tests.executor.conftest import build_tiny_model
 def test_chain_events_stop_at_the_first_rejection():
     # Chain of 3 drafts; the walk accepted node 1 and rejected node 2.
     step = StepLog(
-        tokens=[5, 1, 2, 3], parents=[-1, 0, 1, 2], accepted_path=[0, 1], emitted=[1, 7],
-        expanded=[0, 1, 2], accepted=[True, False, False],
+        tokens=[5, 1, 2, 3],
+        parents=[-1, 0, 1, 2],
+        accepted_path=[0, 1],
+        emitted=[1, 7],
+        expanded=[0, 1, 2],
+        accepted=[True, False, False],
     )
     assert list(verification_events(step)) == [(0, 1, True, 0), (1, 1, False, 1)]
 
@@ -27,16 +31,27 @@ def test_chain_events_stop_at_the_first_rejection():
 def test_tree_events_follow_the_accepted_path_and_count_children():
     # Root with two children; child 1 has two children of its own, child 2 one; the walk went 0 -> 1 -> 3.
     step = StepLog(
-        tokens=[0, 1, 2, 3, 4, 5], parents=[-1, 0, 0, 1, 1, 2], accepted_path=[0, 1, 3], emitted=[1, 3, 9],
-        expanded=[0, 1, 2], accepted=[True, True],
+        tokens=[0, 1, 2, 3, 4, 5],
+        parents=[-1, 0, 0, 1, 1, 2],
+        accepted_path=[0, 1, 3],
+        emitted=[1, 3, 9],
+        expanded=[0, 1, 2],
+        accepted=[True, True],
     )
     assert list(verification_events(step)) == [(0, 2, True, 0), (1, 2, True, 1)]
 
 
 def test_summary_reports_the_martingale_z_score_and_predicted_tau():
     unit = {
-        "steps": 4, "tokens": 6, "wall_time": 2.0,
-        "evidence": {"predicted": [0.5, 0.5, 0.5, 0.5], "accepted": [1, 1, 0, 0], "bound": [1.0] * 4, "depth": [0] * 4},
+        "steps": 4,
+        "tokens": 6,
+        "wall_time": 2.0,
+        "evidence": {
+            "predicted": [0.5, 0.5, 0.5, 0.5],
+            "accepted": [1, 1, 0, 0],
+            "bound": [1.0] * 4,
+            "depth": [0] * 4,
+        },
     }
     summary = summarise([unit])
     assert summary["measured_acceptance"] == 0.5 and summary["z"] == 0.0
@@ -53,7 +68,9 @@ def pooled_summary(spec: DecoderSpec, runs: int = 80, tokens: int = 16) -> dict:
     for run in range(runs):
         prompt = rng.integers(0, 10, size=4).tolist()
         units.append(
-            run_unit(spec, model, prompt, drafter="early-exit:1", temperature=1.0, max_new_tokens=tokens, seed=run)
+            run_unit(
+                spec, model, prompt, drafter="early-exit:1", temperature=1.0, max_new_tokens=tokens, seed=run
+            )
         )
     return summarise(units)
 

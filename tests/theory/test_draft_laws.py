@@ -24,7 +24,7 @@ def draft_distributions(draw, max_vocab=6):
 
 def law_as_dict(q, n, draft):
     tuples, probabilities = enumerate_drafts(q, n, draft)
-    return {tuple(t): pr for t, pr in zip(tuples.tolist(), probabilities)}
+    return {tuple(t): pr for t, pr in zip(tuples.tolist(), probabilities, strict=True)}
 
 
 @given(draft_distributions(), st.integers(1, 3), st.sampled_from(["iid", "wor", "greedy"]))
@@ -89,7 +89,11 @@ def test_independent_law_is_the_product_of_its_rows():
 @pytest.mark.parametrize("draft,n", [("wor", 4), ("greedy", 3), ("spechub", 2)])
 def test_laws_stay_exact_when_the_undrawn_mass_is_below_rounding(draft, n):
     # 1 - (mass drawn) cancels to 0 here; the remaining mass must be summed instead.
-    q = np.array([1 / 3, 1 / 3, 1 / 3 - 1e-300, 1e-300]) if draft == "wor" else np.array([0.5, 0.5 - 1e-300, 1e-300])
+    q = (
+        np.array([1 / 3, 1 / 3, 1 / 3 - 1e-300, 1e-300])
+        if draft == "wor"
+        else np.array([0.5, 0.5 - 1e-300, 1e-300])
+    )
     tuples, probabilities = enumerate_drafts(q, n, draft)
     assert np.all(np.isfinite(probabilities)) and probabilities.sum() == pytest.approx(1.0, abs=1e-12)
 
