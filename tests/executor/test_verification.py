@@ -213,20 +213,29 @@ def _draft_count(name: str, q: np.ndarray, n: int) -> int:
     return n
 
 
+def _verify_samples(name: str, p: np.ndarray, q: np.ndarray, n: int, seed: int, batch: int):
+    """``batch`` draft tuples from the verifier's draft law and their verification ``(drafts, index, token)``.
+
+    ``q`` falls back to uniform where SpecHub would have no second token, and ``n`` is clipped to the law.
+    """
+    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(q) < 2:
+        q = np.full_like(q, 1 / q.size)
+    n = _draft_count(name, q, n)
+    generator = torch.Generator().manual_seed(seed)
+    q_batch = torch.tensor(q).expand(batch, -1)
+    drafts = sample_drafts(q_batch, n, VERIFIER_DRAFT_LAW[name] or "iid", generator)
+    index, token = verify_multidraft(name, torch.tensor(p).expand(batch, -1), q_batch, drafts, generator)
+    return drafts, index, token
+
+
 PAIRS = strategies.distribution_pairs(vocab_size=st.integers(2, 6))
 NAMES = st.sampled_from(MULTIDRAFT_VERIFIERS)
 
 
 @given(PAIRS, strategies.draft_counts(max_n=3), NAMES, st.integers(0, 2**16))
 def test_accepted_index_points_at_the_output_or_is_minus_one(pair, n, name, seed):
-    p, q = pair
-    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(q) < 2:
-        q = np.full_like(q, 1 / q.size)
-    n = _draft_count(name, q, n)
-    generator = torch.Generator().manual_seed(seed)
-    q_batch = torch.tensor(q).expand(32, -1)
-    drafts = sample_drafts(q_batch, n, VERIFIER_DRAFT_LAW[name] or "iid", generator)
-    index, token = verify_multidraft(name, torch.tensor(p).expand(32, -1), q_batch, drafts, generator)
+    drafts, index, token = _verify_samples(name, *pair, n, seed, batch=32)
+    n = drafts.shape[1]
     member = drafts == token[:, None]
     assert torch.equal(index >= 0, member.any(dim=1))
     hit = index >= 0
@@ -240,14 +249,8 @@ def test_accepted_index_points_at_the_output_or_is_minus_one(pair, n, name, seed
 
 @given(PAIRS, strategies.draft_counts(max_n=3), st.sampled_from(SAMPLED_VERIFIERS), st.integers(0, 2**16))
 def test_output_never_has_zero_target_probability(pair, n, name, seed):
-    p, q = pair
-    if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(q) < 2:
-        q = np.full_like(q, 1 / q.size)
-    n = _draft_count(name, q, n)
-    generator = torch.Generator().manual_seed(seed)
-    q_batch = torch.tensor(q).expand(64, -1)
-    drafts = sample_drafts(q_batch, n, VERIFIER_DRAFT_LAW[name], generator)
-    _, token = verify_multidraft(name, torch.tensor(p).expand(64, -1), q_batch, drafts, generator)
+    p, _ = pair
+    _, _, token = _verify_samples(name, *pair, n, seed, batch=64)
     assert bool((torch.tensor(p)[token] > 0).all())
 
 
@@ -259,12 +262,8 @@ def test_output_never_has_zero_target_probability(pair, n, name, seed):
 )
 def test_every_verifier_accepts_always_when_target_equals_draft(p, n, name, seed):
     if VERIFIER_DRAFT_LAW[name] == "spechub" and np.count_nonzero(p) < 2:
-        p = np.full_like(p, 1 / p.size)
-    n = _draft_count(name, p, n)
-    generator = torch.Generator().manual_seed(seed)
-    batch = torch.tensor(p).expand(64, -1)
-    drafts = sample_drafts(batch, n, VERIFIER_DRAFT_LAW[name], generator)
-    index, _ = verify_multidraft(name, batch, batch, drafts, generator)
+        p = np.full_like(p, 1 / p.size)  # the target must equal the draft SpecHub falls back to
+    _, index, _ = _verify_samples(name, p, p, n, seed, batch=64)
     assert bool((index >= 0).all())
 
 
