@@ -12,7 +12,7 @@ import pytest
 
 from executor.logs import StepLog
 from experiments.validate import DEFAULT_DECODERS, DecoderSpec, run_unit, summarise, verification_events
-from tests.executor.conftest import build_tiny_model
+from tests.tiny_models import build_tiny_model
 
 
 def test_chain_events_stop_at_the_first_rejection():
