@@ -16,7 +16,7 @@ from executor.decoders import (
 )
 from executor.drafters import DRAFTER_KINDS, parse_drafter
 from executor.logs import GenerationResult
-from theory._validation import as_choice
+from theory.checks import as_choice
 
 __all__ = ["DECODERS", "build_decoder", "generate"]
 

@@ -5,7 +5,7 @@ These are the executor's twins of :mod:`theory.draft_laws`: the same draft laws,
 tensor is the vocabulary and leading axes are a batch. Random draws are made on the generator's device, so the
 probability tensors must live on that device too (CPU or CUDA alike); a mismatch is a ``ValueError``.
 
-Probabilities are validated like :mod:`theory._validation` does (finite, non-negative, rows summing to 1) with
+Probabilities are validated like :mod:`theory.checks` does (finite, non-negative, rows summing to 1) with
 a tolerance that depends on the dtype, because a float32 softmax over 49,152 tokens does not sum to 1 within
 the float64 tolerance of ``1e-6``.
 """
@@ -20,7 +20,7 @@ import torch
 #: :func:`sample_token` on each model's distribution).
 TORCH_DRAFT_LAWS = ("iid", "wor", "greedy", "spechub")
 
-# Largest tolerated |row sum - 1| per dtype; float64 matches theory._validation.SUM_TOLERANCE.
+# Largest tolerated |row sum - 1| per dtype; float64 matches theory.checks.SUM_TOLERANCE.
 _SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
 _LOW_PRECISION_SUM_TOLERANCE = 1e-2  # float16 / bfloat16
 

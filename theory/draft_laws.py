@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from theory._validation import as_choice, as_count, as_distribution
+from theory.checks import as_choice, as_count, as_distribution
 
 DRAFT_LAWS = ("iid", "wor", "greedy", "spechub", "independent")
 

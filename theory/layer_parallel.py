@@ -29,7 +29,7 @@ from numbers import Real
 
 from scipy.optimize import brentq
 
-from theory._validation import as_count, as_nonnegative, as_probabilities
+from theory.checks import as_count, as_nonnegative, as_probabilities
 from theory.length import expected_tokens
 
 __all__ = [

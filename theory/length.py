@@ -22,7 +22,7 @@ from numbers import Integral, Real
 import numpy as np
 from scipy.special import lambertw
 
-from theory._validation import as_count, as_nonnegative, as_probabilities
+from theory.checks import as_count, as_nonnegative, as_probabilities
 
 __all__ = [
     "continuous_optimal_draft_length",

@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from theory._validation import as_count, as_distribution, as_nonnegative, as_probabilities
+from theory.checks import as_count, as_distribution, as_nonnegative, as_probabilities
 
 __all__ = [
     "ConfidenceBuckets",

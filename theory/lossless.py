@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory._validation import as_distribution, as_nonnegative
+from theory.checks import as_distribution, as_nonnegative
 from theory.draft_laws import check_draft_law, enumerate_drafts
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory._validation import as_choice, as_count, as_distribution, as_distribution_pair
 from theory._wor import wor_prefix_inclusion_two, wor_prefix_minimiser
+from theory.checks import as_choice, as_count, as_distribution, as_distribution_pair
 from theory.draft_laws import DRAFT_LAWS, check_draft_law, enumerate_drafts, top_tokens
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory._validation import as_count, as_nonnegative
+from theory.checks import as_count, as_nonnegative
 from theory.tree_planning import as_time_table
 from theory.trees import as_tree, tree_expected_tokens, tree_token_distribution
 

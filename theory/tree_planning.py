@@ -14,7 +14,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from theory._validation import as_choice, as_count, as_nonnegative
+from theory.checks import as_choice, as_count, as_nonnegative
 from theory.trees import Tree, _sequoia_table, as_acceptance
 
 __all__ = ["TreePlan", "PlanCandidate", "plan_tree", "as_time_table", "TREE_COST_CONVENTIONS"]

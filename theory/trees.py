@@ -25,7 +25,7 @@ from numbers import Integral
 
 import numpy as np
 
-from theory._validation import SUM_TOLERANCE, as_count, as_distribution, as_probabilities
+from theory.checks import SUM_TOLERANCE, as_count, as_distribution, as_probabilities
 
 __all__ = [
     "Tree",
@@ -265,7 +265,7 @@ def as_acceptance(acc, name: str = "acc") -> np.ndarray:
     """Validate a positional acceptance vector ``(W,)`` or per-depth matrix ``(rows, W)``; return it 2-D.
 
     Entries must lie in [0, 1] and every row must sum to at most 1 (the accepted child is unique), within
-    :data:`theory._validation.SUM_TOLERANCE`.
+    :data:`theory.checks.SUM_TOLERANCE`.
     """
     array = as_probabilities(acc, name)
     if array.ndim not in (1, 2) or array.shape[-1] == 0 or array.size == 0:

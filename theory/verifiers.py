@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from theory._validation import as_choice, as_count, as_distribution_pair
+from theory.checks import as_choice, as_count, as_distribution_pair
 from theory.draft_laws import check_draft_law, enumerate_drafts, sample_drafts, top_tokens
 
 #: Names accepted by :func:`verifier`.

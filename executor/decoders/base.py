@@ -27,7 +27,7 @@ import torch
 
 from executor.logs import GenerationResult, StepLog, parse_log_mode, record_distributions
 from executor.sampling import logits_to_probs, sample_token
-from theory._validation import as_count, as_nonnegative
+from theory.checks import as_count, as_nonnegative
 
 __all__ = ["Decoder", "DecodingState", "DraftTree", "Sampling", "commit_path", "run_tree"]
 

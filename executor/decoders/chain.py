@@ -19,7 +19,7 @@ import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
 from executor.verification import verify_chain, verify_chain_argmax
-from theory._validation import as_count, as_probabilities
+from theory.checks import as_count, as_probabilities
 
 __all__ = ["ChainDecoder", "ConfidenceStop"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from executor.decoders.base import Sampling
 from executor.decoders.tree import TreeDecoder
-from theory._validation import as_count
+from theory.checks import as_count
 
 __all__ = ["MultiDraftDecoder"]
 

@@ -29,7 +29,7 @@ import torch
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
 from executor.sampling import sample_drafts, top_tokens
 from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft, verify_tree_argmax
-from theory._validation import as_choice, as_count
+from theory.checks import as_choice, as_count
 
 __all__ = ["DynamicTree", "TreeDecoder", "TREE_VERIFIERS", "check_parents"]
 

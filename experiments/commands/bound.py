@@ -73,7 +73,7 @@ def analyse(p, q, n: int, drafts) -> dict:
     import numpy as np
 
     from theory import optimal_acceptance, verifier
-    from theory._validation import as_count, as_distribution_pair
+    from theory.checks import as_count, as_distribution_pair
     from theory.verifiers import VERIFIERS
 
     p, q = as_distribution_pair(p, q)

@@ -8,7 +8,7 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from theory import strategies
-from theory._validation import as_distribution
+from theory.checks import as_distribution
 
 
 @given(strategies.distributions())

@@ -1,0 +1,45 @@
+"""Build a drafter from its command-line name."""
+
+from __future__ import annotations
+
+from executor.drafters.early_exit import EarlyExitDrafter
+from executor.drafters.ngram import PromptLookupDrafter
+from executor.drafters.separate_model import ModelDrafter
+
+__all__ = ["DRAFTER_KINDS", "parse_drafter"]
+
+#: Drafter names on the command line (before the optional ``:ARGUMENT``).
+DRAFTER_KINDS = ("early-exit", "ngram", "model")
+
+
+def parse_drafter(spec: str, target, *, load=None):
+    """Build a drafter from its command-line name.
+
+    ``"early-exit:K"`` -> :class:`EarlyExitDrafter` on ``target`` with ``exit_layer = K``; ``"ngram"`` (or
+    ``"ngram:N"`` for ``max_ngram = N``) -> :class:`PromptLookupDrafter`; ``"model:PATH"`` ->
+    :class:`ModelDrafter` on the model ``load(PATH)`` returns (``load`` defaults to
+    :func:`executor.weights.load_model`, returning ``(model, tokenizer)``).
+    """
+    if not isinstance(spec, str):
+        raise ValueError(
+            f"drafter must be a string such as 'early-exit:8', 'ngram' or 'model:PATH'; got {spec!r}"
+        )
+    kind, _, argument = spec.partition(":")
+    if kind == "early-exit":
+        if not argument.isdigit():
+            raise ValueError(f"drafter 'early-exit:K' needs an integer exit layer K; got {spec!r}")
+        return EarlyExitDrafter(target, int(argument))
+    if kind == "ngram":
+        if argument and not argument.isdigit():
+            raise ValueError(f"drafter 'ngram:N' needs an integer n-gram size N; got {spec!r}")
+        return PromptLookupDrafter(int(argument)) if argument else PromptLookupDrafter()
+    if kind == "model":
+        if not argument:
+            raise ValueError("drafter 'model:PATH' needs a path to the draft model's weights")
+        if load is None:
+            from executor.weights import load_model as load
+        loaded = load(argument)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        weight = target.tok_embeddings.weight
+        return ModelDrafter(model.to(weight.device, weight.dtype).requires_grad_(False).eval(), name=spec)
+    raise ValueError(f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram' or 'model:PATH'")
