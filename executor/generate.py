@@ -14,9 +14,9 @@ from executor.decoders import (
     Sampling,
     TreeDecoder,
 )
-from executor.drafters import DRAFTER_KINDS, parse_drafter
+from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
 from executor.logs import GenerationResult
-from theory.checks import as_choice
+from theory.checks import as_choice, as_count
 
 __all__ = ["DECODERS", "build_decoder", "generate"]
 
@@ -41,9 +41,8 @@ def build_decoder(
         if drafter is not None or verifier is not None:
             raise ValueError("decoder 'ar' takes no drafter or verifier")
         return AutoregressiveDecoder(target, sampling=sampling, log_distributions=log_distributions)
-    if drafter is None:
-        drafter = f"early-exit:{max(target.config.n_layers // 2, 1)}"
-    draft = parse_drafter(drafter, target)
+    gamma, n = as_count(gamma, "gamma"), as_count(n, "n")  # before they become a tree's budget and depth
+    draft = parse_drafter(default_drafter(target) if drafter is None else drafter, target)
     common = {"sampling": sampling, "log_distributions": log_distributions}
     if decoder == "chain":
         if verifier is not None:
@@ -93,7 +92,7 @@ def generate(
         ``"ar"`` (autoregressive), ``"chain"`` (speculative sampling), ``"multidraft"`` or ``"tree"``.
     drafter : str, optional
         ``"early-exit:K"`` (the target's first K layers), ``"ngram"`` (prompt lookup) or ``"model:PATH"``;
-        default ``early-exit`` at half the target's layers.
+        default :func:`executor.drafters.default_drafter`.
     verifier : str, optional
         Multi-draft / tree verifier: ``"rrs"`` (multidraft default), ``"rrs_wor"`` (tree default), ``"kseq"``,
         ``"spechub"``, ``"greedy"``. Temperature 0 always verifies by argmax.
@@ -124,6 +123,8 @@ def generate(
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("prompt must be a non-empty string")
     as_choice(decoder, "decoder", DECODERS)
+    as_count(gamma, "gamma")
+    as_count(n, "n")
     if verifier is not None:
         as_choice(verifier, "verifier", TREE_VERIFIERS)
     if drafter is not None and drafter.partition(":")[0] not in DRAFTER_KINDS:

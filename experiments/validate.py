@@ -182,7 +182,7 @@ def run_validation(config: ValidationConfig, out: str | os.PathLike, *, restart:
     write_json(manifest, manifest_path)
 
     model, tokenizer = load_model(config.model)
-    drafter = config.drafter or f"early-exit:{max(model.config.n_layers * 2 // 3, 1)}"
+    drafter = config.drafter or default_drafter(model)
     prompts = humaneval_prompts(config.prompts)
     units = [(spec, index) for spec in config.decoders for index in range(len(prompts))]
 

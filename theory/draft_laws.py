@@ -27,16 +27,17 @@ import itertools
 import numpy as np
 
 from theory.checks import as_choice, as_count, as_distribution
+from theory.verifier_table import DRAFT_LAWS, check_draft_count
 
-DRAFT_LAWS = ("iid", "wor", "greedy", "spechub", "independent")
+__all__ = ["DRAFT_LAWS", "check_draft_law", "enumerate_drafts", "sample_drafts", "top_tokens"]
 
 
 def check_draft_law(q, n, draft: str) -> tuple[np.ndarray, int]:
     """Validate a single draft distribution for a draft law; return ``(q, n)``.
 
     ``q`` is ``(V,)`` for every law but ``"independent"``, where it is ``(n, V)``. Raises ``ValueError``
-    when the law cannot produce ``n`` drafts from ``q`` (too few tokens with ``q > 0`` for ``"wor"``,
-    ``"greedy"`` and ``"spechub"``; ``n != 2`` for ``"spechub"``).
+    when the law cannot produce ``n`` drafts from ``q`` (:func:`theory.verifier_table.check_draft_count`:
+    too few tokens with ``q > 0`` for a law of distinct drafts; ``n != 2`` for ``"spechub"``).
     """
     draft = as_choice(draft, "draft", DRAFT_LAWS)
     n = as_count(n, "n")
@@ -47,13 +48,7 @@ def check_draft_law(q, n, draft: str) -> tuple[np.ndarray, int]:
         return q, n
     if q.ndim != 1:
         raise ValueError(f"q must be a single distribution of shape (V,) here, got shape {q.shape}")
-    support = int(np.count_nonzero(q))
-    if draft == "spechub" and n != 2:
-        raise ValueError(f"n must be 2 for draft='spechub' (SpecHub is defined for two drafts), got {n}")
-    if draft in ("wor", "greedy", "spechub") and n > 1 and support < n:
-        raise ValueError(
-            f"n = {n} drafts with draft={draft!r} need at least n tokens with q > 0; q has {support}"
-        )
+    check_draft_count(draft, n, int(np.count_nonzero(q)))
     return q, n
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from theory._wor import wor_prefix_inclusion_two, wor_prefix_minimiser
 from theory.checks import as_choice, as_count, as_distribution, as_distribution_pair
-from theory.draft_laws import DRAFT_LAWS, check_draft_law, enumerate_drafts, top_tokens
+from theory.draft_laws import DRAFT_LAWS, enumerate_drafts, top_tokens
+from theory.verifier_table import check_draft_count
 
 __all__ = [
     "AcceptanceCertificate",
@@ -271,9 +272,9 @@ def _prepare(p, q, n, draft):
         batch_shape = p.shape[:-1]
         p = p.reshape(-1, p.shape[-1])
         q = q.reshape(-1, q.shape[-1])
-        if draft != "iid" and p.shape[0] > 0:
+        if p.shape[0] > 0:
             # The row with the smallest support decides whether the law can draw n distinct tokens.
-            check_draft_law(q[np.argmin(np.count_nonzero(q, axis=-1))], n, draft)
+            check_draft_count(draft, n, int(np.count_nonzero(q, axis=-1).min()), "a row of q")
     p = p / p.sum(axis=-1, keepdims=True)
     q = q / q.sum(axis=-1, keepdims=True)
     return p, q, n, draft, batch_shape

@@ -32,6 +32,7 @@ from executor.decoders.base import DecodingState, DraftTree
 __all__ = [
     "DRAFTER_KINDS",
     "Drafter",
+    "default_drafter",
     "EarlyExitDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
@@ -74,5 +75,5 @@ class Drafter(Protocol):
 
 from executor.drafters.early_exit import EarlyExitDrafter  # noqa: E402  (the protocol above comes first)
 from executor.drafters.ngram import PromptLookupDrafter  # noqa: E402
-from executor.drafters.parse import DRAFTER_KINDS, parse_drafter  # noqa: E402
+from executor.drafters.parse import DRAFTER_KINDS, default_drafter, parse_drafter  # noqa: E402
 from executor.drafters.separate_model import ModelDrafter  # noqa: E402

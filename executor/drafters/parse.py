@@ -6,10 +6,19 @@ from executor.drafters.early_exit import EarlyExitDrafter
 from executor.drafters.ngram import PromptLookupDrafter
 from executor.drafters.separate_model import ModelDrafter
 
-__all__ = ["DRAFTER_KINDS", "parse_drafter"]
+__all__ = ["DRAFTER_KINDS", "default_drafter", "parse_drafter"]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
 DRAFTER_KINDS = ("early-exit", "ngram", "model")
+
+
+def default_drafter(target) -> str:
+    """The drafter used when none is named: the target's first two thirds of layers (``"early-exit:K"``).
+
+    The one default of :func:`executor.generate.generate` and ``specbound validate``; on SmolLM2-135M (30
+    layers) it is ``"early-exit:20"``, the drafter of the documented validation run.
+    """
+    return f"early-exit:{max(target.config.n_layers * 2 // 3, 1)}"
 
 
 def parse_drafter(spec: str, target, *, load=None):
