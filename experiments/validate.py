@@ -163,6 +163,7 @@ def summarise(units: list[dict]) -> dict:
 
 def run_validation(config: ValidationConfig, out: str | os.PathLike, *, restart: bool = False, progress=True):
     """Run (or resume) a validation and write its report; returns the report dict."""
+    from executor.drafters import default_drafter
     from executor.logs import write_json
     from executor.weights import load_model
     from experiments.prompts import humaneval_prompts
