@@ -12,13 +12,16 @@ the float64 tolerance of ``1e-6``.
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Real
 
 import torch
 
+from theory.checks import as_choice, as_count
+from theory.verifier_table import DRAFT_LAWS, check_draft_count
+
 #: Draft laws with a torch sampler (the ``"independent"`` law of several draft models is sampled by calling
 #: :func:`sample_token` on each model's distribution).
-TORCH_DRAFT_LAWS = ("iid", "wor", "greedy", "spechub")
+TORCH_DRAFT_LAWS = tuple(draft for draft in DRAFT_LAWS if draft != "independent")
 
 # Largest tolerated |row sum - 1| per dtype; float64 matches theory.checks.SUM_TOLERANCE.
 _SUM_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
@@ -69,14 +72,6 @@ def check_generator(generator: torch.Generator, tensor: torch.Tensor, name: str)
         )
 
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
 def logits_to_probs(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -119,7 +114,7 @@ def logits_to_probs(
     if temperature == float("inf"):
         raise ValueError("temperature must be finite, got inf")
     if top_k is not None:
-        top_k = _check_count(top_k, "top_k")
+        top_k = as_count(top_k, "top_k")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, Real) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
     scores = logits.to(torch.float32)
@@ -197,7 +192,7 @@ def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     return indices[..., :k]
 
 
-def sample_drafts(q: torch.Tensor, n: int, law: str, generator: torch.Generator) -> torch.Tensor:
+def sample_drafts(q: torch.Tensor, n: int, draft: str, generator: torch.Generator) -> torch.Tensor:
     """Draw ``n`` ordered drafts per row of the draft distribution ``q`` under a draft law.
 
     The torch twin of :func:`theory.draft_laws.sample_drafts` (Hu et al., "Towards Optimal Multi-draft
@@ -225,8 +220,8 @@ def sample_drafts(q: torch.Tensor, n: int, law: str, generator: torch.Generator)
     n : int
         Drafts per row, ``>= 1`` (exactly 2 for ``"spechub"``); ``"wor"``, ``"greedy"`` and ``"spechub"``
         need at least ``n`` tokens with ``q > 0`` in every row.
-    law : str
-        One of :data:`TORCH_DRAFT_LAWS`.
+    draft : str
+        The draft law, one of :data:`TORCH_DRAFT_LAWS` (the name theory uses for the same argument).
     generator : torch.Generator
 
     Returns
@@ -234,27 +229,19 @@ def sample_drafts(q: torch.Tensor, n: int, law: str, generator: torch.Generator)
     torch.Tensor
         int64 drafts of shape ``(..., n)``, in draw order.
     """
-    if law not in TORCH_DRAFT_LAWS:
-        raise ValueError(f"law must be one of {', '.join(map(repr, TORCH_DRAFT_LAWS))}; got {law!r}")
-    n = _check_count(n, "n")
+    draft = as_choice(draft, "draft", TORCH_DRAFT_LAWS)
+    n = as_count(n, "n")
     check_generator(generator, q, "q")
     q = check_probabilities(q, "q")
-    if law == "spechub" and n != 2:
-        raise ValueError(f"n must be 2 for law='spechub' (SpecHub is defined for two drafts), got {n}")
-    if law != "iid" and n > 1 and q.numel():
-        support = int((q > 0).sum(dim=-1).min())
-        if support < n:
-            raise ValueError(
-                f"n = {n} drafts with law={law!r} need at least n tokens with q > 0; a row has {support}"
-            )
-    if law == "iid":
+    check_draft_count(draft, n, int((q > 0).sum(dim=-1).min()) if q.numel() else n, "a row of q")
+    if draft == "iid":
         return _draw(q, generator, n)
-    if law == "wor":
+    if draft == "wor":
         uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)
         gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
         scores = torch.log(q) + gumbel  # log 0 = -inf: tokens outside the support come last
         return torch.topk(scores, n, dim=-1, sorted=True).indices
-    if law == "greedy":
+    if draft == "greedy":
         top = top_tokens(q, n - 1)
         rest = q.scatter(-1, top, 0.0)
         return torch.cat([top, _draw(rest, generator).unsqueeze(-1)], dim=-1)

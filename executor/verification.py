@@ -12,7 +12,8 @@ and always accepts a token the draft gives probability 0 but the target does not
 normalised with a guard: when their mass is 0 the algorithm never samples them (the rejection that leads
 there has probability 0), and the target is used instead of dividing by zero.
 
-Verifiers (:data:`MULTIDRAFT_VERIFIERS`; the draft law each expects is :data:`VERIFIER_DRAFT_LAW`):
+Verifiers (:data:`MULTIDRAFT_VERIFIERS`; the draft law each expects is :data:`VERIFIER_DRAFT_LAW`, read from
+:data:`theory.verifier_table.VERIFIER_TABLE` for every name but the executor's own ``"argmax"``):
 
 ``"nss"``      naive speculative sampling (SpecInfer): ``y ~ p``, drafts ignored.
 ``"naive"``    the single-draft rule on ``x_1``; its residual sample may equal another draft.
@@ -31,27 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
-from theory.verifiers import verifier as theory_verifier
+from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
 
-#: The draft law (see :func:`executor.sampling.sample_drafts`) each multi-draft verifier is lossless for;
-#: ``"argmax"`` is deterministic and works with any drafts.
-VERIFIER_DRAFT_LAW = {
-    "nss": "iid",
-    "naive": "iid",
-    "rrs": "iid",
-    "rrs_wor": "wor",
-    "kseq": "iid",
-    "spechub": "spechub",
-    "greedy": "greedy",
-    "argmax": None,
-}
-MULTIDRAFT_VERIFIERS = tuple(VERIFIER_DRAFT_LAW)
-
-_THEORY_KSEQ = theory_verifier("kseq")
+#: Bisection steps for K-SEQ's rho* on [1, n]: halves the interval below float64 resolution, as its twin
+#: ``theory.verifier("kseq").division_factor`` does.
+KSEQ_BISECTION_STEPS = 80
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -231,10 +219,27 @@ def verify_tree_argmax(
 
 
 def _kseq_division_factor(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
-    """:math:`\\rho^*` per row, shape ``(..., 1)``, from the theory twin's bisection (one shared root-finder;
-    it runs in numpy on the host, ~10 ms at V = 49,152)."""
-    rho = _THEORY_KSEQ.division_factor(p.cpu().numpy(), q.cpu().numpy(), n)
-    return torch.as_tensor(np.asarray(rho, dtype=np.float64), device=p.device).reshape(*p.shape[:-1], 1)
+    """:math:`\\rho^*` per row, shape ``(..., 1)``: the smallest lossless division factor in ``[1, n]``.
+
+    The torch twin of ``theory.verifier("kseq").division_factor`` (same bisection, same tolerance, on the
+    tensors' device): with :math:`\\beta(\\rho) = \\sum \\min(p/\\rho, q)`, :math:`\\rho` is valid when
+    :math:`1 - (1 - \\beta)^n \\le \\rho\\beta`; the left side decreases and the right side increases in
+    :math:`\\rho`, so bisection keeps the valid end (SpecTr, Sun et al., NeurIPS 2023, arXiv 2310.15141).
+    """
+
+    def valid(rho: torch.Tensor) -> torch.Tensor:
+        beta = torch.minimum(p / rho, q).sum(dim=-1, keepdim=True)
+        # 1e-13 absorbs round-off in beta (p = q gives beta = 1 - 1e-16, valid at rho = 1), as in the twin
+        return 1.0 - (1.0 - beta) ** n <= rho * beta + 1e-13
+
+    low = torch.ones((*p.shape[:-1], 1), dtype=p.dtype, device=p.device)
+    high = torch.where(valid(low), low, torch.full_like(low, float(n)))
+    for _ in range(KSEQ_BISECTION_STEPS):
+        middle = 0.5 * (low + high)
+        ok = valid(middle)
+        high = torch.where(ok, middle, high)
+        low = torch.where(ok, low, middle)
+    return high
 
 
 def _verify_nss(p, q, drafts, generator):
@@ -277,16 +282,16 @@ def _verify_rrs_wor(p, q, drafts, generator):
 def _verify_kseq(p, q, drafts, generator):
     n = drafts.shape[-1]
     rho = _kseq_division_factor(p, q, n)
-    scaled = torch.minimum(p / rho, q)  # min(p/rho, q): the law of an accepted draft, up to beta
-    beta = scaled.sum(dim=-1, keepdim=True)
-    # Total acceptance p_acc = 1 - (1 - beta)^n spread as (p_acc / beta) * scaled; the rest is the residual.
-    spread = torch.where(beta > 0, (1.0 - (1.0 - beta) ** n) / torch.where(beta > 0, beta, 1.0), 0.0)
-    residual = _normalised_or_target((p - spread * scaled).clamp_min(0.0), p)
+    accepted = torch.minimum(p / rho, q)  # min(p/rho, q): the law of an accepted draft, up to beta
+    beta = accepted.sum(dim=-1, keepdim=True)
+    # SpecTr's gamma = p_acc / beta with p_acc = 1 - (1 - beta)^n; the residual is norm((p - gamma * accepted)_+).
+    gamma = torch.where(beta > 0, (1.0 - (1.0 - beta) ** n) / torch.where(beta > 0, beta, 1.0), 0.0)
+    residual = _normalised_or_target((p - gamma * accepted).clamp_min(0.0), p)
     uniforms = _uniform(drafts.shape, p, generator)
-    accepted = _accepts(uniforms, p.gather(-1, drafts), rho * q.gather(-1, drafts))
-    first = accepted.to(torch.int64).argmax(dim=-1)
+    passed = _accepts(uniforms, p.gather(-1, drafts), rho * q.gather(-1, drafts))
+    first = passed.to(torch.int64).argmax(dim=-1)
     return torch.where(
-        accepted.any(dim=-1), drafts.gather(-1, first.unsqueeze(-1)).squeeze(-1), _draw(residual, generator)
+        passed.any(dim=-1), drafts.gather(-1, first.unsqueeze(-1)).squeeze(-1), _draw(residual, generator)
     )
 
 
@@ -350,13 +355,21 @@ _KERNELS = {
     "argmax": _verify_argmax,
 }
 
+#: The draft law (see :func:`executor.sampling.sample_drafts`) each multi-draft verifier is lossless for, from
+#: theory's table; ``"argmax"`` is deterministic and works with any drafts.
+VERIFIER_DRAFT_LAW = {
+    **{name: verifier_draft_law(name) for name in VERIFIERS if name in _KERNELS},
+    "argmax": None,
+}
+MULTIDRAFT_VERIFIERS = tuple(VERIFIER_DRAFT_LAW)
+
 
 def _check_drafts_fit_law(name: str, q: torch.Tensor, drafts: torch.Tensor) -> None:
     """Reject drafts that the verifier's draft law cannot produce where that is cheap to see."""
-    n = drafts.shape[-1]
+    n, draft = drafts.shape[-1], VERIFIER_DRAFT_LAW[name]
+    if draft is not None and q.numel():
+        check_draft_count(draft, n, int((q > 0).sum(dim=-1).min()), "a row of draft_probs")
     if name == "spechub":
-        if n != 2:
-            raise ValueError(f"drafts must hold n = 2 drafts per row for 'spechub', got n = {n}")
         hub = top_tokens(q, 1)
         if not bool(((drafts == hub).sum(dim=-1) == 1).all()):
             raise ValueError(
@@ -400,7 +413,7 @@ def verify_multidraft(
     * ``"kseq"`` -- K-SEQ (Sun et al., SpecTr, NeurIPS 2023, arXiv 2310.15141): accept ``x_i`` w.p.
       :math:`\\min(1, p(x_i)/(\\rho^* q(x_i)))`; else sample :math:`\\mathrm{norm}((p - \\gamma
       \\min(p/\\rho^*, q))_+)` with :math:`\\gamma = (1 - (1-\\beta)^n)/\\beta`, where :math:`\\rho^*` is the
-      smallest lossless division factor (``theory.verifier("kseq").division_factor``).
+      smallest lossless division factor (the bisection of ``theory.verifier("kseq").division_factor``).
     * ``"spechub"`` -- SpecHub (Sun et al., EMNLP 2024, arXiv 2411.05289), ``n = 2``, hub ``a = argmax q``.
     * ``"greedy"`` -- Hu et al.'s verifier for the greedy draft law.
     * ``"nss"``, ``"naive"`` -- the baselines of SpecInfer; ``"argmax"`` -- temperature 0.

@@ -17,6 +17,7 @@ from __future__ import annotations
 from executor.decoders.base import Sampling
 from executor.decoders.tree import TreeDecoder
 from theory.checks import as_count
+from theory.verifier_table import VERIFIER_TABLE
 
 __all__ = ["MultiDraftDecoder"]
 
@@ -49,8 +50,9 @@ class MultiDraftDecoder(TreeDecoder):
         log_distributions: str = "none",
     ) -> None:
         n = as_count(n, "n")
-        if verifier == "spechub" and n != 2:
-            raise ValueError(f"n must be 2 for verifier 'spechub', got {n}")
+        fixed_n = VERIFIER_TABLE[verifier].fixed_n if verifier in VERIFIER_TABLE else None
+        if fixed_n is not None and n != fixed_n:
+            raise ValueError(f"n must be {fixed_n} for verifier {verifier!r}, got {n}")
         super().__init__(
             target,
             drafter,

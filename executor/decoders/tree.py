@@ -143,19 +143,16 @@ class TreeDecoder(Decoder):
     def _draw_children(self, tree: DraftTree, node: int, logits: torch.Tensor, count: int, generator) -> None:
         """Draw ``count`` children of ``node`` (fewer if the law cannot) and attach them."""
         q = self.sampling.probs(logits)
-        law = VERIFIER_DRAFT_LAW[self.verifier]
-        count = count if law == "iid" and not self.sampling.greedy else min(count, self._support(logits, q))
+        draft = VERIFIER_DRAFT_LAW[self.verifier]
+        count = count if draft == "iid" and not self.sampling.greedy else min(count, self._support(logits, q))
         verifier = self.verifier
         if verifier == "spechub" and count != 2:
-            verifier, count = (
-                "rrs_wor",
-                min(count, 1),
-            )  # one token in q: a single draft, plain speculative sampling
-            law = "wor"
+            # One token in q: a single draft, plain speculative sampling.
+            verifier, draft, count = "rrs_wor", "wor", min(count, 1)
         if self.sampling.greedy:
             tokens = top_tokens(logits, count)
         else:
-            tokens = sample_drafts(q, count, law, generator)
+            tokens = sample_drafts(q, count, draft, generator)
         tree.draft_probs[node] = q
         self._node_verifier[node] = verifier
         for token in tokens.tolist():

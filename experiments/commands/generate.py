@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--decoder", default="ar", choices=["ar", "chain", "multidraft", "tree"])
     parser.add_argument(
-        "--drafter", default=None, help="early-exit:K | ngram | model:PATH (default early-exit at 2/3 of the layers)"
+        "--drafter",
+        default=None,
+        help="early-exit:K | ngram | model:PATH (default early-exit at 2/3 of the layers)",
     )
     parser.add_argument(
         "--verifier", default=None, help="rrs | rrs_wor | kseq | spechub | greedy (multidraft, tree)"
