@@ -13,8 +13,7 @@ from theory.layer_parallel import (
     layer_parallel_draft_time,
     layer_parallel_speedup,
 )
-from theory.length import continuous_optimal_draft_length, expected_tokens, optimal_draft_length, speedup
-from theory.length_policies import (
+from theory.length import (
     ConfidenceBuckets,
     DraftState,
     ExitChoice,
@@ -24,16 +23,20 @@ from theory.length_policies import (
     LengthRule,
     PositionalAcceptance,
     RuleEvaluation,
+    continuous_optimal_draft_length,
     del_exit_choice,
     entropy_stop,
     evaluate_rule,
+    expected_tokens,
     fixed_length_rule,
     heuristic_schedule,
     kangaroo_confidence_stop,
+    optimal_draft_length,
     optimal_length_policy,
     rank_rules,
     simulate_rule,
     specdecpp_threshold,
+    speedup,
 )
 from theory.lossless import LosslessReport, check_lossless
 from theory.multidraft import (

@@ -1,15 +1,13 @@
 """Speed model of layer-parallel ("fuzzy") drafting across devices, after EasySpec.
 
-EasySpec (Wu et al., NeurIPS 2025, arXiv:2502.02493) runs groups of consecutive draft layers at the same
-time on
-different devices: every member of a group computes its attention from the group's *input* hidden state
-(in parallel; an all-gather shares the outputs) and the MLPs then run one after the other on the exact
-residual stream (policy ``ATTN_ONLY`` of the authors' code; ``DIRECT_MLP`` also parallelises the MLPs). Groups
-larger than the device count are split into chunks of at most that many layers. The approximation lowers the
-draft's acceptance (the paper reports a drop of at most 7%); after each draft-and-verify iteration one exact,
+EasySpec (Wu et al., NeurIPS 2025, arXiv:2502.02493) runs groups of consecutive draft layers at the same time
+on different devices: every member of a group computes its attention from the group's *input* hidden state (in
+parallel; an all-gather shares the outputs) and the MLPs then run one after the other on the exact residual
+stream (policy ``ATTN_ONLY`` of the authors' code; ``DIRECT_MLP`` also parallelises the MLPs). Groups larger
+than the device count are split into chunks of at most that many layers. The approximation lowers the draft's
+acceptance (the paper reports a drop of at most 7%); after each draft-and-verify iteration one exact,
 sequential, multi-token draft pass ("bonus calibration") rewrites the fuzzy KV cache and yields the first
-draft
-token of the next round.
+draft token of the next round.
 
 Model used here, per chain step with ``gamma`` drafts:
 
@@ -74,21 +72,17 @@ def layer_parallel_draft_time(
 ) -> float:
     """Time of one fuzzy draft pass with ``n_layers`` draft layers and ``n_devices`` devices available.
 
-    The first/last ``sequential_layers`` layers stay exact and sequential (EasySpec's code example keeps 4
-    + 4);
-    the rest are cut into consecutive groups of ``parallel_group`` layers (default ``n_devices``). A group
-    runs
-    in chunks of at most ``d`` layers, each chunk costing
+    The first/last ``sequential_layers`` layers stay exact and sequential (EasySpec's code example keeps 4 +
+    4); the rest are cut into consecutive groups of ``parallel_group`` layers (default ``n_devices``). A group
+    runs in chunks of at most ``d`` layers, each chunk costing
 
     .. math:: t_{layer}\\,(f + (1 - f)\\,m) + t_{sync}\\,[m > 1],
 
     with ``f = parallel_fraction`` the share of a layer's time that runs in parallel (attention only under
-    ``ATTN_ONLY``; 1 under ``DIRECT_MLP``). Each group uses the best ``d <= n_devices`` -- a scheduler
-    never has
-    to use a device that does not help -- so more devices never slow drafting down and ``n_devices = 1`` is
-    the
-    sequential time ``n_layers * layer_time``. ``head_time`` (embedding + LM head) is added once per pass.
-    Wu et al., EasySpec, NeurIPS 2025, arXiv:2502.02493.
+    ``ATTN_ONLY``; 1 under ``DIRECT_MLP``). Each group uses the best ``d <= n_devices`` -- a scheduler never
+    has to use a device that does not help -- so more devices never slow drafting down and ``n_devices = 1``
+    is the sequential time ``n_layers * layer_time``. ``head_time`` (embedding + LM head) is added once per
+    pass. Wu et al., EasySpec, NeurIPS 2025, arXiv:2502.02493.
     """
     layer_time = as_nonnegative(layer_time, "layer_time")
     n_layers = as_count(n_layers, "n_layers")

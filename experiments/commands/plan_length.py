@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from theory.length_policies import (
+from theory.length import (
     AcceptanceModel,
     ConfidenceBuckets,
     IIDAcceptance,

@@ -34,6 +34,7 @@ from theory import (
     specdecpp_threshold,
     speedup,
 )
+from theory.length import TIE_TOLERANCE
 
 rates = st.floats(0.0, 1.0)
 inner_rates = st.floats(0.05, 0.98)
@@ -417,7 +418,10 @@ def test_optimal_cost_per_token_is_at_most_any_practical_rule(model, costs, leng
 def test_iid_policy_reduces_to_the_best_fixed_length(alpha, c, horizon):
     policy = optimal_length_policy(IIDAcceptance(alpha, max_length=horizon), LengthCosts(c))
     best_gamma = optimal_draft_length(alpha, c, max_gamma=horizon)
-    assert policy.speedup == pytest.approx(speedup(alpha, best_gamma, c), rel=1e-12)
+    # optimal_draft_length returns the shortest gamma within TIE_TOLERANCE (relative) of the best speedup
+    # (alpha = 0.1, c = 0: gamma 10..16 differ by < 1e-12), so the two optima agree to that tolerance plus
+    # the MDP's own round-off.
+    assert policy.speedup == pytest.approx(speedup(alpha, best_gamma, c), rel=2 * TIE_TOLERANCE)
 
 
 @given(

@@ -1,18 +1,16 @@
 """Chain draft length: expected tokens per step, wall-time speedup and the best fixed draft length.
 
 A chain speculative step drafts ``gamma`` tokens with the draft model, then one target call verifies them.
-With
-per-position conditional acceptance ``alpha_j`` (the probability that drafted token ``j`` is accepted given
-that
-tokens ``1..j-1`` were), the step yields the accepted prefix plus one target-generated (bonus or correction)
-token, so plain decoding has one token per step.
+With per-position conditional acceptance ``alpha_j`` (the probability that drafted token ``j`` is accepted
+given that tokens ``1..j-1`` were), the step yields the accepted prefix plus one target-generated (bonus or
+correction) token, so plain decoding has one token per step.
 
 References
 ----------
 Leviathan, Kalman, Matias. "Fast Inference from Transformers via Speculative Decoding", ICML 2023,
 arXiv:2211.17192 (Eq. 1, Theorem 3.8, Corollary 3.9, Section 3.5).
 
-Adaptive stopping rules and the SpecDec++ Markov decision process live in :mod:`theory.length_policies`.
+Adaptive stopping rules and the SpecDec++ Markov decision process live in :mod:`theory.length`.
 """
 
 from __future__ import annotations
@@ -74,10 +72,9 @@ def expected_tokens(alpha, gamma, *, per_position: bool | None = None) -> float 
         Number of drafted tokens, ``>= 0``.
     per_position : bool, optional
         ``None`` (default) reads a scalar ``alpha`` as a constant rate and an array as per-position rates
-        along
-        its last axis (leading axes are a batch; then ``gamma <= alpha.shape[-1]`` must be an int). ``False``
-        reads every entry of ``alpha`` as a constant rate and broadcasts it against ``gamma`` (vectorised
-        evaluation of the geometric form).
+        along its last axis (leading axes are a batch; then ``gamma <= alpha.shape[-1]`` must be an int).
+        ``False`` reads every entry of ``alpha`` as a constant rate and broadcasts it against ``gamma``
+        (vectorised evaluation of the geometric form).
 
     Returns
     -------
@@ -114,9 +111,8 @@ def speedup(alpha, gamma, c, *, per_position: bool | None = None) -> float | np.
 
     .. math:: S(\alpha, \gamma, c) = \frac{\tau(\alpha, \gamma)}{\gamma c + 1},
 
-    with :math:`\tau` from :func:`expected_tokens` and ``c`` the time of one draft step divided by the time
-    of one
-    target call. ``alpha`` and ``per_position`` are read as in :func:`expected_tokens`.
+    with :math:`\tau` from :func:`expected_tokens` and ``c`` the time of one draft step divided by the time of
+    one target call. ``alpha`` and ``per_position`` are read as in :func:`expected_tokens`.
     """
     c = as_nonnegative(c, "c")
     tokens = expected_tokens(alpha, gamma, per_position=per_position)
@@ -168,12 +164,11 @@ def continuous_optimal_draft_length(alpha, c) -> float:
 
     .. math:: \gamma^*_{cont} = \frac{y - L + Lc - c}{Lc} - 1 .
 
-    :math:`S` is a concave function over a positive affine one, hence quasi-concave, so the stationary
-    point is
-    the maximum; it is clipped at 0. Edge cases: ``c >= 1`` or ``alpha == 0`` give 0 (speculation never
-    pays); ``alpha == 1`` or ``c == 0`` with ``alpha > 0`` give ``inf`` (longer is always better).
-    The integer optimum is :func:`optimal_draft_length`. Derivation for this toolkit; the model is that of
-    Leviathan et al. (ICML 2023, arXiv:2211.17192), who choose :math:`\gamma` numerically.
+    :math:`S` is a concave function over a positive affine one, hence quasi-concave, so the stationary point
+    is the maximum; it is clipped at 0. Edge cases: ``c >= 1`` or ``alpha == 0`` give 0 (speculation never
+    pays); ``alpha == 1`` or ``c == 0`` with ``alpha > 0`` give ``inf`` (longer is always better). The integer
+    optimum is :func:`optimal_draft_length`. Derivation for this toolkit; the model is that of Leviathan et
+    al. (ICML 2023, arXiv:2211.17192), who choose :math:`\gamma` numerically.
     """
     alpha = _as_rate(alpha)
     c = as_nonnegative(c, "c")
