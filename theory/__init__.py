@@ -46,13 +46,11 @@ from theory.multidraft import (
     optimal_acceptance_certificate,
 )
 from theory.staged import StagedStep, expected_rounds, staged_step
+from theory.tree_growth import DySpecTree, dynamic_tree, greedy_tree
 from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
 from theory.trees import (
-    DynamicTree,
     Tree,
     TreeSolution,
-    dynamic_tree,
-    greedy_tree,
     optimal_tree,
     simulate_tree_tokens,
     tree_expected_tokens,
@@ -70,7 +68,7 @@ __all__ = [
     "del_exit_choice",
     "DraftState",
     "dynamic_tree",
-    "DynamicTree",
+    "DySpecTree",
     "entropy_stop",
     "evaluate_rule",
     "ExitChoice",

@@ -25,6 +25,10 @@ __all__ = ["TreePlan", "PlanCandidate", "plan_tree", "as_time_table", "TREE_COST
 #: ``tree_search.py`` of the Sequoia repository does (``x = (levels * draft_time + target_time[n]) / G``).
 TREE_COST_CONVENTIONS = ("drafted-levels", "sequoia-repo")
 
+#: Relative difference below which two speedups count as a tie in :func:`plan_tree` (as in
+#: :data:`theory.length.TIE_TOLERANCE` for draft lengths).
+TIE_TOLERANCE = 1e-12
+
 
 def as_time_table(target_time, name: str = "target_time", max_size: int | None = None) -> dict[int, float]:
     """Turn a verification-time model into ``{size: seconds}``.
@@ -117,7 +121,13 @@ def plan_tree(
     where ``G(n, d)`` is :func:`~theory.trees.optimal_tree`'s value with ``n`` nodes and depth at most ``d``
     (Chen et al., Sequoia, NeurIPS 2024, arXiv 2402.12374, §4.1; the paper divides by ``t(1)`` so that
     ``c = t_draft / t(1)``). Only pairs whose optimal tree has depth exactly ``d`` are scored: a shallower
-    tree is scored at its own depth, where it costs less. Ties go to the smaller size, then the smaller depth.
+    tree is scored at its own depth, where it costs less.
+
+    Ties: every pair whose speedup is within :data:`TIE_TOLERANCE` (relative) of the best counts as best, and
+    the smallest size, then the smallest depth, among them is chosen. Exact ties are common (a tree whose
+    extra expected tokens exactly pay for its draft time) and round-off makes them differ in the last bits,
+    so the choice never depends on the order of floating-point operations. ``alternatives`` starts with the
+    chosen plan; the others follow by decreasing speedup.
 
     Parameters
     ----------
@@ -170,8 +180,13 @@ def plan_tree(
             step_time = verify_time + (d + extra_passes) * draft_time
             speedup = np.inf if step_time == 0 else baseline * value / step_time
             candidates.append(PlanCandidate(n, d, value, step_time, speedup))
-    ranked = sorted(candidates, key=lambda c: (-c.speedup, c.size, c.depth))
-    chosen = ranked[0]
+    best = max(candidate.speedup for candidate in candidates)
+    ties = [c for c in candidates if c.speedup >= best * (1.0 - TIE_TOLERANCE)]
+    chosen = min(ties, key=lambda c: (c.size, c.depth))
+    ranked = [
+        chosen,
+        *sorted((c for c in candidates if c is not chosen), key=lambda c: (-c.speedup, c.size, c.depth)),
+    ]
     table, state = lookup[chosen.depth]
     return TreePlan(
         tree=table.tree(chosen.size, state),
