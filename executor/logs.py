@@ -24,9 +24,6 @@ numpy ``(p, q)`` arrays that :func:`theory.acceptance_rate` and friends accept.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +36,6 @@ __all__ = [
     "parse_log_mode",
     "record_distributions",
     "step_distributions",
-    "write_json",
 ]
 
 
@@ -257,17 +253,3 @@ class GenerationResult:
             "prompt_ids": self.prompt_ids,
             "step_logs": [s.to_json() for s in self.steps],
         }
-
-
-def write_json(data, path: str | os.PathLike) -> None:
-    """Write ``data`` as JSON atomically: a temporary file in the same directory, then ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(data, stream, indent=2)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
 from executor.drafters import EarlyExitDrafter, PromptLookupDrafter
-from executor.logs import write_json
+from executor.files import write_json
 from executor.weights import load_model
 from experiments.peers import load_transformers_model
 from experiments.prompts import humaneval_prompts

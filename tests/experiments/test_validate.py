@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from executor.logs import StepLog
-from experiments.validate import DEFAULT_DECODERS, DecoderSpec, run_unit, summarise, verification_events
+from experiments.validate import DEFAULT_DECODERS, DecoderSpec, run_unit, verification_events
+from experiments.validation_report import summarise
 from tests.tiny_models import build_tiny_model
 
 
