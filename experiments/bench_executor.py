@@ -30,6 +30,7 @@ from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, 
 from executor.drafters import EarlyExitDrafter, PromptLookupDrafter
 from executor.files import write_json
 from executor.weights import load_model
+from experiments.commands import set_torch_threads
 from experiments.peers import load_transformers_model
 from experiments.prompts import humaneval_prompts
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--out", default="runs/bench_executor.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
 
     model, tokenizer = load_model(device="cpu", dtype=torch.float32)
     hf_model, hf_tokenizer = load_transformers_model()

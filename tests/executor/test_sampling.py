@@ -23,8 +23,6 @@ from executor.sampling import (
 from tests.goodness_of_fit import law_p_value
 from theory import draft_laws
 
-torch.set_num_threads(1)
-
 ACCEPT_P_VALUE = 1e-3  # a correct sampler passes at this level
 CONTROL_P_VALUE = 1e-6  # a broken one must be rejected far more strongly
 

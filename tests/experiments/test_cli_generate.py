@@ -15,7 +15,6 @@ from experiments.cli import main
 def smollm():
     from executor.weights import load_model
 
-    torch.set_num_threads(1)
     return load_model(device="cpu", dtype=torch.float32)
 
 
