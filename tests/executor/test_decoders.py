@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from scipy import stats
 
 from executor import verification
 from executor.decoders import (
@@ -27,6 +26,7 @@ from executor.decoders import chain as chain_module
 from executor.decoders import tree as tree_module
 from executor.decoders.base import commit_path
 from executor.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
+from tests.goodness_of_fit import law_p_value
 
 VOCAB = 8
 HORIZON = 3  # the exact law is over the next 3 tokens: VOCAB**3 = 512 outcomes
@@ -75,18 +75,12 @@ def exact_law(model, sampling: Sampling, prompt=PROMPT, horizon=HORIZON) -> np.n
     return law.ravel()
 
 
-def g_test_p_value(samples: list[tuple[int, ...]], law: np.ndarray) -> float:
-    """G-test of the observed outcomes against ``law``; cells with expected count < 5 are pooled into one."""
+def outcome_p_value(samples: list[tuple[int, ...]], law: np.ndarray) -> float:
+    """Goodness of fit of the observed outcomes against ``law`` (:func:`tests.goodness_of_fit.law_p_value`)."""
     counts = np.zeros(law.size)
     for outcome in samples:
         counts[np.ravel_multi_index(outcome, (VOCAB,) * HORIZON)] += 1
-    expected = law * len(samples)
-    small = expected < 5
-    observed = np.append(counts[~small], counts[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-    assert observed.sum() == len(samples)
-    result = stats.power_divergence(observed, expected, lambda_="log-likelihood")
-    return float(result.pvalue)
+    return law_p_value(counts, law)
 
 
 def sample_outcomes(decoder, seed: int, count: int = SAMPLES) -> list[tuple[int, ...]]:
@@ -149,7 +143,7 @@ def test_speculative_decoder_reproduces_the_exact_target_law_of_the_next_three_t
     law = exact_law(target, decoder.sampling)
     # The draft must actually differ from the target, or the test could not see a broken verifier.
     assert np.max(law) < 0.5
-    p_value = g_test_p_value(sample_outcomes(decoder, seed=11), law)
+    p_value = outcome_p_value(sample_outcomes(decoder, seed=11), law)
     assert p_value > P_THRESHOLD, f"{kind}: G-test p = {p_value:.2e}"
 
 
@@ -157,7 +151,7 @@ def test_speculative_decoder_reproduces_the_exact_target_law_of_the_next_three_t
 def test_autoregressive_sampling_reproduces_the_exact_target_law(models):
     target, _ = models
     decoder = AutoregressiveDecoder(target, sampling=SAMPLING)
-    assert g_test_p_value(sample_outcomes(decoder, seed=5), exact_law(target, SAMPLING)) > P_THRESHOLD
+    assert outcome_p_value(sample_outcomes(decoder, seed=5), exact_law(target, SAMPLING)) > P_THRESHOLD
 
 
 def _residual_from_target(target_probs, draft_probs, drafts, generator):
@@ -193,7 +187,7 @@ def test_law_test_rejects_a_deliberately_broken_verifier(models, monkeypatch, ki
     decoder = make_decoder(kind, target, draft_model)
     law = exact_law(target, decoder.sampling)
     monkeypatch.setattr(module, name, broken)
-    p_value = g_test_p_value(sample_outcomes(decoder, seed=11), law)
+    p_value = outcome_p_value(sample_outcomes(decoder, seed=11), law)
     assert p_value < P_THRESHOLD, f"the broken {name} went unnoticed: p = {p_value:.2e}"
 
 

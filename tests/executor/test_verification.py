@@ -35,7 +35,7 @@ from executor.verification import (
     verify_multidraft,
     verify_tree_argmax,
 )
-from tests.goodness_of_fit import law_p_value
+from tests.goodness_of_fit import law_p_value, z_score
 from theory import draft_laws, expected_tokens, strategies, verifier
 
 ACCEPT_P_VALUE = 1e-3
@@ -48,10 +48,7 @@ SAMPLED_VERIFIERS = tuple(name for name in MULTIDRAFT_VERIFIERS if name != "argm
 
 def acceptance_z(accepted: np.ndarray, exact: float) -> float:
     """z-score of an empirical acceptance frequency against the exact rate (rates 0 and 1 must match)."""
-    variance = exact * (1 - exact) / accepted.size
-    if variance < 1e-15:
-        return 0.0 if abs(accepted.mean() - exact) < 1e-12 else np.inf
-    return float((accepted.mean() - exact) / np.sqrt(variance))
+    return z_score(accepted, exact, variance=exact * (1 - exact))
 
 
 # --------------------------------------------------------------------------------------------------------

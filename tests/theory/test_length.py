@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from tests.goodness_of_fit import z_score
 from theory import (
     ConfidenceBuckets,
     IIDAcceptance,
@@ -457,10 +458,6 @@ MODELS_FOR_SIMULATION = {
 }
 Z_THRESHOLD = 4.0  # two-sided; a correct evaluator fails with probability ~6e-5 per check
 STEPS = 6000
-
-
-def z_score(samples, expected):
-    return (samples.mean() - expected) / (samples.std(ddof=1) / np.sqrt(samples.size))
 
 
 @pytest.mark.parametrize("name", sorted(MODELS_FOR_SIMULATION))

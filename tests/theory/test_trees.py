@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from experiments.examples import sequoia_demo_acceptance
+from tests.goodness_of_fit import law_p_value, z_score
 from theory import (
     Tree,
     dynamic_tree,
@@ -242,10 +242,6 @@ def test_adding_a_leaf_never_decreases_expected_tokens(tree, acc, parent):
     assert tree_expected_tokens(bigger, acc) >= tree_expected_tokens(tree, acc) - 1e-12
 
 
-def z_score(samples, mean):
-    return (samples.mean() - mean) / (samples.std(ddof=1) / math.sqrt(samples.size))
-
-
 MC_TREE = Tree([-1, 0, 0, 0, 1, 1, 2, 4, 4, 7])
 MC_ACC = np.array([0.55, 0.25, 0.1])
 MC_MATRIX = np.array([[0.6, 0.2, 0.1], [0.5, 0.3, 0.0], [0.3, 0.3, 0.3], [0.9, 0.05, 0.05]])
@@ -259,7 +255,7 @@ def test_monte_carlo_positional_acceptance_matches_expected_tokens(acc):
     # The whole law, not just the mean: chi-square against tree_token_distribution.
     law = tree_token_distribution(MC_TREE, acc)
     observed = np.bincount(samples - 1, minlength=law.size)
-    assert stats.chisquare(observed, law * samples.size).pvalue > 1e-4
+    assert law_p_value(observed, law) > 1e-4
     # Negative controls: plausible mistakes are caught by the same test. Reading acc as *conditional*
     # acceptances (child k accepted with acc[k-1] after children 1..k-1 were rejected) and forgetting the
     # bonus token both give means the z-test rejects.
@@ -504,8 +500,8 @@ def test_dynamic_tree_samples_the_first_child_from_the_draft():
     rng = np.random.default_rng(7)
     tokens = [dynamic_tree(lambda path: q, 2, rng=rng).tokens[1] for _ in range(4000)]
     counts = np.bincount(tokens, minlength=q.size)
-    assert stats.chisquare(counts, q * counts.sum()).pvalue > 1e-3
-    assert stats.chisquare(counts, np.full(4, counts.sum() / 4)).pvalue < 1e-3
+    assert law_p_value(counts, q) > 1e-3
+    assert law_p_value(counts, np.full(4, 0.25)) < 1e-3
 
 
 @given(st.integers(1, 20), st.integers(0, 2**32 - 1))
