@@ -8,9 +8,6 @@ from __future__ import annotations
 
 __all__ = ["humaneval_prompts"]
 
-#: Number of problems in HumanEval.
-HUMANEVAL_SIZE = 164
-
 
 def humaneval_prompts(count: int | None = None) -> list[str]:
     """The first ``count`` HumanEval prompts (function signature and docstring), in task order.

@@ -76,7 +76,6 @@ class DecodingState:
     """Prompt plus generated tokens; the target's cache holds the K/V of ``tokens[:-1]``."""
 
     tokens: list[int]
-    prompt_length: int
 
     @property
     def committed(self) -> int:
@@ -273,7 +272,7 @@ class Decoder(ABC):
         generated: list[int] = []
         with torch.no_grad():
             self.target.setup_cache(slots)
-            state = DecodingState(tokens=list(prompt), prompt_length=len(prompt))
+            state = DecodingState(tokens=list(prompt))
             if len(prompt) > 1:
                 device = self.target.tok_embeddings.weight.device
                 self.target(
