@@ -12,6 +12,8 @@ and always accepts a token the draft gives probability 0 but the target does not
 normalised with a guard: when their mass is 0 the algorithm never samples them (the rejection that leads
 there has probability 0), and the target is used instead of dividing by zero.
 
+The kernels use the variable names of their numpy twins in :mod:`theory.verifiers`, after the papers' symbols.
+
 Verifiers (:data:`MULTIDRAFT_VERIFIERS`; the draft law each expects is :data:`VERIFIER_DRAFT_LAW`, read from
 :data:`theory.verifier_table.VERIFIER_TABLE` for every name but the executor's own ``"argmax"``):
 
@@ -255,20 +257,20 @@ def _verify_naive(p, q, drafts, generator):
 def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
     """RRS: test draft ``i`` against the running residual ``p_i``; on rejection ``p_{i+1} = norm((p_i -
     q_i)_+)``. Without replacement, ``q_{i+1}`` is ``q_i`` with the rejected draft zeroed and renormalised."""
-    current_p, current_q = p, q
+    p_i, q_i = p, q
     token = torch.full(drafts.shape[:-1], -1, dtype=torch.int64, device=p.device)
     done = torch.zeros(drafts.shape[:-1], dtype=torch.bool, device=p.device)
     uniforms = _uniform(drafts.shape, p, generator)
     for i in range(drafts.shape[-1]):
         draft = drafts[..., i]
-        accept = ~done & _accepts(uniforms[..., i], _at(current_p, draft), _at(current_q, draft))
+        accept = ~done & _accepts(uniforms[..., i], _at(p_i, draft), _at(q_i, draft))
         token = torch.where(accept, draft, token)
         done |= accept
-        current_p = _residual(current_p, current_q)
+        p_i = _residual(p_i, q_i)
         if without_replacement:
-            remaining = current_q.scatter(-1, draft.unsqueeze(-1), 0.0)
-            current_q = _normalised_or_target(remaining, remaining)  # all-zero only after the last draft
-    return torch.where(done, token, _draw(current_p, generator))
+            remaining = q_i.scatter(-1, draft.unsqueeze(-1), 0.0)
+            q_i = _normalised_or_target(remaining, remaining)  # all-zero only after the last draft
+    return torch.where(done, token, _draw(p_i, generator))
 
 
 def _verify_rrs(p, q, drafts, generator):
@@ -303,24 +305,24 @@ def _verify_spechub(p, q, drafts, generator):
     off_hub = torch.ones_like(q).scatter(-1, hub, 0.0)
     q_hub = q.gather(-1, hub)
     p_hub = p.gather(-1, hub).squeeze(-1)
-    p_excess = (p - q).clamp_min(0.0) * off_hub  # p'(i)
-    pair_mass = q_hub / (1.0 - q_hub) * q * off_hub  # Q(a, i): probability of the pair (a, i)
-    excess_after_hub_first = (pair_mass - p_excess).clamp_min(0.0).sum(dim=-1)  # sum q_ai_res
-    excess_after_other_first = (q - p).clamp_min(0.0).mul(off_hub).sum(dim=-1)  # sum q_ia_res
-    p_hub_left = (p_hub - excess_after_hub_first).clamp_min(0.0)  # p''(a)
+    excess = (p - q).clamp_min(0.0) * off_hub  # p'(i)
+    second = q_hub / (1.0 - q_hub) * q * off_hub  # Q(a, i): probability of the pair (a, i)
+    rejected_second = (second - excess).clamp_min(0.0).sum(dim=-1)  # R_ai
+    rejected_first = (q - p).clamp_min(0.0).mul(off_hub).sum(dim=-1)  # R_ia
+    hub_left = (p_hub - rejected_second).clamp_min(0.0)  # p''(a)
     u_other, u_hub = _uniform((2, *other.shape), p, generator)
     accept_other = torch.where(
         hub_first,
-        _accepts(u_other, _at(p_excess, other), _at(pair_mass, other)),
+        _accepts(u_other, _at(excess, other), _at(second, other)),
         _accepts(u_other, _at(p, other), _at(q, other)),
     )
     accept_hub = ~accept_other & torch.where(
         hub_first,
-        _accepts(u_hub, p_hub, excess_after_hub_first),
-        _accepts(u_hub, p_hub_left, excess_after_other_first),
+        _accepts(u_hub, p_hub, rejected_second),
+        _accepts(u_hub, hub_left, rejected_first),
     )
-    leftover = (p_excess - pair_mass).clamp_min(0.0)
-    hub_leftover = (p_hub_left - excess_after_other_first).clamp_min(0.0).unsqueeze(-1)
+    leftover = (excess - second).clamp_min(0.0)
+    hub_leftover = (hub_left - rejected_first).clamp_min(0.0).unsqueeze(-1)
     leftover = _normalised_or_target(leftover.scatter(-1, hub, hub_leftover), p)
     return torch.where(
         accept_other, other, torch.where(accept_hub, hub.squeeze(-1), _draw(leftover, generator))
@@ -336,8 +338,8 @@ def _verify_greedy(p, q, drafts, generator):
     rest = torch.where(in_top, 0.0, q)
     rest = rest / rest.sum(dim=-1, keepdim=True)  # positive: the last draft was drawn from it
     accept = _accepts(_uniform(last.shape, p, generator), _at(p, last), _at(rest, last))
-    residual = _normalised_or_target(torch.where(in_top, p, (p - rest).clamp_min(0.0)), p)
-    return torch.where(accept, last, _draw(residual, generator))
+    leftover = _normalised_or_target(torch.where(in_top, p, (p - rest).clamp_min(0.0)), p)
+    return torch.where(accept, last, _draw(leftover, generator))
 
 
 def _verify_argmax(p, q, drafts, generator):

@@ -197,30 +197,30 @@ class GreedyDraftVerifier(Verifier):
 
     @staticmethod
     def _split(p, q, n):
-        """Mask of ``T`` (batched), the renormalised last-draft law ``q'`` and the rejection law."""
+        """Mask of ``T`` (batched), the renormalised law ``q'`` of the last draft (``rest``) and the leftover law."""
         order = np.argsort(-q, axis=-1, kind="stable")[..., : n - 1]
         in_top = np.zeros(q.shape, dtype=bool)
         np.put_along_axis(in_top, order, True, axis=-1)
         rest = np.where(in_top, 0.0, q)
-        last = rest / rest.sum(axis=-1, keepdims=True)
-        leftover = np.where(in_top, p, np.maximum(p - last, 0.0))
-        return in_top, last, leftover
+        rest = rest / rest.sum(axis=-1, keepdims=True)
+        leftover = np.where(in_top, p, np.maximum(p - rest, 0.0))
+        return in_top, rest, leftover
 
     def _acceptance(self, p, q, n):
-        in_top, last, _ = self._split(p, q, n)
-        return np.sum(np.where(in_top, p, np.minimum(p, last)), axis=-1)
+        in_top, rest, _ = self._split(p, q, n)
+        return np.sum(np.where(in_top, p, np.minimum(p, rest)), axis=-1)
 
     def _conditional(self, p, q, drafts):
-        _, last, leftover = self._split(p, q, drafts.shape[1])
+        _, rest, leftover = self._split(p, q, drafts.shape[1])
         x = drafts[:, -1]
-        accept = _ratio(p[x], last[x])
+        accept = _ratio(p[x], rest[x])
         result = (1.0 - accept)[:, None] * _normalise(leftover, p)
         result[np.arange(x.shape[0]), x] += accept
         return result
 
     def _simulate(self, p, q, drafts, rng):
-        _, last, leftover = self._split(p, q, drafts.shape[0])
+        _, rest, leftover = self._split(p, q, drafts.shape[0])
         x = drafts[-1]
-        if _coin(p[x] / last[x], rng):
+        if _coin(p[x] / rest[x], rng):
             return int(x)
         return _draw(leftover, rng)
