@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.goodness_of_fit import z_score
 from theory import Tree, expected_rounds, simulate_tree_tokens, staged_step, tree_token_distribution
 from theory.strategies import acceptance_vectors, trees
 
@@ -63,11 +64,10 @@ def test_monte_carlo_of_staged_drafting_matches_expected_rounds():
         active = produced < length
         produced[active] += simulate_tree_tokens(inner, acc, int(active.sum()), rng)
         rounds[active] += 1
-    standard_error = rounds.std(ddof=1) / math.sqrt(rounds.size)
     exact = expected_rounds(length, tree_token_distribution(inner, acc))
-    assert abs(rounds.mean() - exact) / standard_error < 4
+    assert abs(z_score(rounds, exact)) < 4
     naive = length / (tree_token_distribution(inner, acc) @ np.arange(1, 4))
-    assert abs(rounds.mean() - naive) / standard_error > 4
+    assert abs(z_score(rounds, naive)) > 4
 
 
 def test_chain_numbers_match_leviathan():
