@@ -255,7 +255,7 @@ def test_sampled_drafts_have_positive_probability_under_the_law(weights, law, se
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((2, "beam"), "law"),
+        ((2, "beam"), "draft must be one of"),
         ((0, "iid"), "n"),
         ((3, "spechub"), "n must be 2"),
         ((4, "wor"), "at least n tokens"),

@@ -80,6 +80,9 @@ def test_chat_prompt_uses_the_chat_template(smollm):
         (["--prompt", "x", "--decoder", "chain", "--drafter", "bogus"], "unknown drafter 'bogus'"),
         (["--prompt", "x", "--decoder", "multidraft", "--verifier", "bogus"], "verifier must be one of"),
         (["--prompt", "x", "--decoder", "chain", "--drafter", "early-exit:99"], "exit_layer must be below"),
+        # the argument the user gave, not the tree budget gamma * n + 1 it becomes (issue 7)
+        (["--prompt", "x", "--decoder", "tree", "--gamma", "0"], "gamma must be at least 1, got 0"),
+        (["--prompt", "x", "--decoder", "tree", "--n", "0"], "n must be at least 1, got 0"),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
