@@ -56,9 +56,25 @@ from theory.trees import (
     tree_expected_tokens,
     tree_token_distribution,
 )
+from theory.truncated import (
+    Interval,
+    TopKPositions,
+    optimal_acceptance_interval,
+    overlap_interval,
+    top_k_positions,
+    truncated_interval,
+    verifier_acceptance_interval,
+)
 from theory.verifiers import Verifier, verifier
 
 __all__ = [
+    "Interval",
+    "TopKPositions",
+    "optimal_acceptance_interval",
+    "overlap_interval",
+    "top_k_positions",
+    "truncated_interval",
+    "verifier_acceptance_interval",
     "acceptance_rate",
     "AcceptanceCertificate",
     "break_even_alpha_drop",
