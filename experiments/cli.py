@@ -17,6 +17,7 @@ COMMANDS = {
     "plan-length": "plan_length",
     "plan-tree": "plan_tree",
     "generate": "generate",
+    "convert-log": "convert_log",
 }
 
 

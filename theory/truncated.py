@@ -415,7 +415,9 @@ def _closed_form_interval(s: TopKPositions, n: int) -> Interval:
     return Interval(low, high, sure, sure)
 
 
-def verifier_acceptance_interval(positions: TopKPositions, name: str, n: int) -> Interval:
+def verifier_acceptance_interval(
+    positions: TopKPositions, name: str, n: int, *, known: dict | None = None
+) -> Interval:
     r"""Interval of a verifier's acceptance (:mod:`theory.verifiers`) over completions.
 
     * ``"greedy"``, ``"spechub"`` (``n = 2``): exact, :func:`_closed_form_interval` (each attains its law's
@@ -429,30 +431,42 @@ def verifier_acceptance_interval(positions: TopKPositions, name: str, n: int) ->
     * ``"nss"``: :math:`\sum_y p(y)(1 - (1 - q(y))^n) \ge \sum_A` of the same, and at most :math:`\alpha^*_{iid}`.
 
     Exact flags are set only where proven (and on complete rows, where every quantity is determined).
+    ``known`` may hold already computed intervals for these positions and this ``n`` under the keys
+    ``"overlap"``, ``"iid"`` and ``"wor"``, to avoid computing them again.
     """
     name = as_choice(name, "name", TRUNCATED_QUANTITIES[3:])
     n = as_count(n, "n")
     s = positions
+    known = {} if known is None else known
+
+    def bound(quantity: str) -> Interval:
+        if quantity not in known:
+            known[quantity] = truncated_interval(s, quantity, n)
+        return known[quantity]
+
     if name in ("greedy", "spechub"):
         if name == "spechub" and n != 2:
             raise ValueError(f"n must be 2 for the spechub verifier, got {n}")
         return _closed_form_interval(s, n)
     if name == "optimal":
-        return optimal_acceptance_interval(s, n, draft="iid")
+        return bound("iid")
     if n == 1 and name in ("rrs", "naive", "kseq", "rrs_wor"):
-        return overlap_interval(s)  # one draft: every one of them is speculative sampling
-    upper = optimal_acceptance_interval(s, n, draft="wor" if name == "rrs_wor" else "iid").high
+        return bound("overlap")  # one draft: every one of them is speculative sampling
+    upper = bound("wor" if name == "rrs_wor" else "iid").high
     if name == "nss":
         both = s.known_p & s.known_q
         lower = np.where(both, s.p * (1.0 - (1.0 - s.q) ** n), 0.0).sum(axis=1)
     else:
-        lower = overlap_interval(s).low
+        lower = bound("overlap").low
         if name == "kseq":
-            lower = np.maximum(lower, (1.0 - math.exp(-1.0)) * optimal_acceptance_interval(s, n).low)
-    complete = s.complete
-    if complete.any():
-        from theory.verifiers import verifier
+            lower = np.maximum(lower, (1.0 - math.exp(-1.0)) * bound("iid").low)
+    from theory.verifiers import verifier
 
+    complete = s.complete
+    limit = verifier(name).max_exact_vocab(n)
+    if limit is not None and s.p.shape[1] > limit:
+        complete = np.zeros_like(complete)
+    if complete.any():
         exact = verifier(name).acceptance(_dense(s, complete), _dense(s, complete, "q"), n)
         lower, upper = lower.copy(), upper.copy()
         lower[complete] = upper[complete] = exact

@@ -1,5 +1,6 @@
 """``specbound bound``: the optimal multi-draft acceptance and every verifier's exact acceptance for logged
-target/draft distributions.
+target/draft distributions (``--logs PATTERN``: over full or top-k log shards on a Dask cluster, see
+:mod:`experiments.commands.bound_logs`).
 
 For each draft law it prints the optimal acceptance alpha* (Hu et al., ICLR 2025, arXiv 2502.18779), and for
 each verifier of :mod:`theory.verifiers` its draft law, its exact acceptance alpha and its efficiency
@@ -26,7 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--q", metavar="Q", help="draft distribution(s), same formats and vocabulary as --p")
     parser.add_argument("--example", action="store_true", help="analyse the shipped example pair (V = 1000)")
-    parser.add_argument("-n", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument(
+        "-n",
+        type=int,
+        nargs="+",
+        default=None,
+        help="drafts per step (default 4; with --logs several values, default 2 4 8)",
+    )
     parser.add_argument(
         "--draft",
         nargs="+",
@@ -35,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft laws to tabulate alpha* for (default: all)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (with per-row values) instead")
+    from experiments.commands.bound_logs import add_log_arguments
+
+    add_log_arguments(parser)
 
 
 def load_vector(path: str, argument: str, key: str):
@@ -146,6 +156,16 @@ def format_table(result: dict, source: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.logs is not None:
+        from experiments.commands.bound_logs import run_logs
+
+        return run_logs(args)
+    if args.n is None:
+        args.n = 4
+    elif len(args.n) > 1:
+        raise ValueError("-n takes one value without --logs")
+    else:
+        args.n = args.n[0]
     if args.example and (args.p or args.q):
         raise ValueError("--example analyses the shipped pair; do not combine it with --p/--q")
     if args.example:

@@ -1,0 +1,111 @@
+"""Reports of ``bound --logs``: the Markdown tables and the plot of alpha*(n) and each verifier's efficiency."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _cell(entry: dict | None, digits: int = 4) -> str:
+    if entry is None:
+        return "n/a"
+    if abs(entry["high"] - entry["low"]) < 0.5 * 10**-digits:
+        return f"{entry['low']:.{digits}f}"
+    return f"[{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def render_markdown(report: dict) -> str:
+    """The report as Markdown: shards, alpha* per draft law and n, verifiers, features, skipped shards."""
+    shards = report["shards"]
+    ns = report["n"]
+    lines = [
+        f"# Bounds over logs `{report.get('logs', '')}`",
+        "",
+        f"{report['positions']} positions in {shards['used']} shards ({', '.join(report['kinds']) or 'none'});"
+        f" {shards['skipped_count']} skipped.",
+        "Intervals `[low, high]` are certified bounds on the mean over every completion of the unlogged tail"
+        " (docs/truncated_logs.md); a single number means the log determines it.",
+        "",
+        f"single-draft acceptance sum min(p, q): {_cell(report['overlap'])}",
+        "",
+        "| draft law | " + " | ".join(f"alpha* n = {n}" for n in ns) + " |",
+        "|---|" + "---|" * len(ns),
+    ]
+    for draft, row in report["optimal"].items():
+        lines.append(f"| {draft} | " + " | ".join(_cell(row[str(n)]) for n in ns) + " |")
+    lines += ["", "| verifier | draft | " + " | ".join(f"acceptance n = {n} (efficiency)" for n in ns) + " |"]
+    lines.append("|---|---|" + "---|" * len(ns))
+    for name, row in report["verifiers"].items():
+        cells = []
+        for n in ns:
+            entry = row["n"].get(str(n))
+            if entry is None:
+                cells.append("n/a")
+            else:
+                eff = entry.get("efficiency")
+                cells.append(f"{_cell(entry)} ({_cell(eff, 3) if eff else '-'})")
+        lines.append(f"| {name} | {row['draft']} | " + " | ".join(cells) + " |")
+    if report["by_feature"]:
+        n = ns[-1]
+        lines += ["", f"By position feature (n = {n}):", ""]
+        lines += [
+            "| feature | positions | sum min(p, q) | alpha* iid | alpha* wor |",
+            "|---|---:|---|---|---|",
+        ]
+        for label, group in report["by_feature"].items():
+            lines.append(
+                f"| {label} | {group['positions']} | {_cell(group.get('overlap@1'))} | "
+                f"{_cell(group.get(f'iid@{n}'))} | {_cell(group.get(f'wor@{n}'))} |"
+            )
+    if shards["skipped"]:
+        lines += ["", "Skipped shards:", ""]
+        lines += [f"- `{s['shard']}`: {s['error']}" for s in shards["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str | os.PathLike) -> None:
+    """alpha*(n) per draft law (band = certified interval) and each verifier's efficiency against n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = report["n"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for draft, row in report["optimal"].items():
+        entries = [row[str(n)] for n in ns]
+        if any(e is None for e in entries):
+            continue
+        low = [e["low"] for e in entries]
+        high = [e["high"] for e in entries]
+        left.plot(
+            ns, [(a + b) / 2 for a, b in zip(low, high, strict=True)], marker="o", label=f"alpha* {draft}"
+        )
+        left.fill_between(ns, low, high, alpha=0.25)
+    left.set_xlabel("drafts per step n")
+    left.set_ylabel("mean optimal acceptance")
+    left.set_xscale("log", base=2)
+    left.legend()
+    for name, row in report["verifiers"].items():
+        points = [
+            (n, row["n"][str(n)]["efficiency"]) for n in ns if (row["n"].get(str(n)) or {}).get("efficiency")
+        ]
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        mid = [(e["low"] + e["high"]) / 2 for _, e in points]
+        err = [
+            [m - e["low"] for m, (_, e) in zip(mid, points, strict=True)],
+            [e["high"] - m for m, (_, e) in zip(mid, points, strict=True)],
+        ]
+        right.errorbar(xs, mid, yerr=err, marker="o", capsize=3, label=f"{name} ({row['draft']})")
+    right.set_xlabel("drafts per step n")
+    right.set_ylabel("acceptance / alpha* of its draft law")
+    right.set_xscale("log", base=2)
+    right.legend(fontsize=7)
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    figure.savefig(temporary, dpi=110)
+    plt.close(figure)
+    os.replace(temporary, path)
