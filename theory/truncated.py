@@ -178,7 +178,9 @@ def _side(ids, values, rest, name: str, vocab: int):
             f"{name}_values: the remaining mass cannot fit under the smallest logged value on the "
             f"{vocab}-token vocabulary (is this a top-k list of a normalised distribution?)"
         )
-    rest = np.where(count == vocab, 0.0, rest)
+    whole = count == vocab  # every token logged: the completion is the log itself, renormalised
+    values = np.where(whole[:, None], values / np.where(total > 0, total, 1.0)[:, None], values)
+    rest = np.where(whole, 0.0, rest)
     return ids, values, valid, rest, cap
 
 
@@ -374,8 +376,8 @@ def optimal_acceptance_interval(positions: TopKPositions, n: int, *, draft: str 
     exact_low = (_needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged) & (draft == "iid")
     exact_high = np.zeros(len(s), dtype=bool)
     complete = s.complete
-    if draft == "wor" and complete.any():
-        low[complete] = _sorted(s.p[complete], s.q[complete], n, "wor")
+    if complete.any():  # the log determines the row: one exact value at both ends
+        low[complete] = high[complete] = _sorted(s.p[complete], s.q[complete], n, draft)
     exact_low |= complete
     exact_high |= complete
     high = np.maximum(high, low)  # round-off only: the bounds are ordered

@@ -1,0 +1,133 @@
+"""``specbound convert-log`` and ``specbound bound --logs``: the log format, the outputs, the error paths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.logformat import TOPK_FORMAT, LogShard, top_k_arrays, write_full_log
+from theory import optimal_acceptance
+
+
+def lm_pair(seed, rows=6, vocab=40):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(rows, vocab)) * 2.0
+    p = np.exp(logits)
+    q = np.exp(logits + rng.normal(size=logits.shape))
+    return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+
+
+@pytest.fixture
+def full_log(tmp_path):
+    p, q = lm_pair(1)
+    path = tmp_path / "full.npz"
+    write_full_log(path, p, q, temperature=0.7)
+    return path, p.astype(np.float32).astype(np.float64), q.astype(np.float32).astype(np.float64)
+
+
+def bound_json(capsys, *arguments):
+    assert main(["bound", "--logs", *arguments, "--workers", "0", "--no-progress", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_convert_log_writes_the_documented_top_k_format(full_log, tmp_path, capsys):
+    path, p, q = full_log
+    out = tmp_path / "top.npz"
+    assert main(["convert-log", "--top-k", "4", "--draft-top-k", "6", str(path), str(out)]) == 0
+    assert "6 positions, top-4 of p and top-6 of q of V = 40" in capsys.readouterr().out
+    with np.load(out) as archive:
+        assert str(archive["format"]) == TOPK_FORMAT and int(archive["vocab_size"]) == 40
+        ids, logprobs = archive["p_ids"], archive["p_logprobs"]
+        assert ids.shape == (6, 4) and archive["q_ids"].shape == (6, 6)
+        np.testing.assert_array_equal(ids, np.argsort(-p, axis=1, kind="stable")[:, :4])
+        np.testing.assert_allclose(np.exp(logprobs), np.take_along_axis(p, ids, 1), rtol=1e-6)
+        np.testing.assert_allclose(
+            archive["p_rest"], 1 - np.exp(logprobs.astype(np.float64)).sum(1), atol=1e-6
+        )
+        np.testing.assert_allclose(archive["temperature"], 0.7)
+        np.testing.assert_allclose(archive["entropy"], -(p * np.log(p)).sum(1), rtol=1e-5)
+
+
+def test_streamed_chunks_equal_the_whole_arrays_for_stored_and_compressed_archives(full_log, tmp_path):
+    _, p, q = full_log
+    for saver in (np.savez, np.savez_compressed):
+        path = tmp_path / f"{saver.__name__}.npz"
+        saver(path, p=p, q=q)
+        shard = LogShard.open(path)
+        parts = list(shard.chunks(max_bytes=3 * shard.row_bytes))
+        assert [start for start, _ in parts] == [0, 3] and shard.kind == "full"
+        np.testing.assert_array_equal(np.concatenate([c["p"] for _, c in parts]), p)
+
+
+def test_bound_json_reports_mean_low_high_per_law_and_n_with_shard_counts(full_log, tmp_path, capsys):
+    path, p, q = full_log
+    result = bound_json(capsys, str(path), "-n", "2", "4")
+    for n in (2, 4):
+        entry = result["optimal"]["wor"][str(n)]
+        assert entry["low"] == entry["high"] == entry["mean"]
+        assert entry["mean"] == pytest.approx(np.mean(optimal_acceptance(p, q, n, draft="wor")), abs=1e-9)
+    assert result["shards"]["per_shard"] == {"full.npz": {"positions": 6, "kind": "full", "width": None}}
+    assert result["shards"]["skipped"] == [] and result["shards"]["skipped_count"] == 0
+
+
+def test_top_k_with_k_equal_to_v_reproduces_the_full_log(full_log, tmp_path, capsys):
+    path, _, _ = full_log
+    out = tmp_path / "all.npz"
+    assert main(["convert-log", "--top-k", "40", str(path), str(out)]) == 0
+    capsys.readouterr()
+    full = bound_json(capsys, str(path), "-n", "2", "3", "--verifiers", "rrs", "greedy", "spechub")
+    top = bound_json(capsys, str(out), "-n", "2", "3", "--verifiers", "rrs", "greedy", "spechub")
+    for draft in ("iid", "wor"):
+        for n in ("2", "3"):
+            entry = top["optimal"][draft][n]
+            assert entry["high"] - entry["low"] < 1e-12
+            assert entry["mean"] == pytest.approx(full["optimal"][draft][n]["mean"], abs=1e-6)
+    assert top["verifiers"]["greedy"]["n"]["3"]["low"] == pytest.approx(
+        full["verifiers"]["greedy"]["n"]["3"]["low"], abs=1e-6
+    )
+
+
+def test_out_directory_gets_json_markdown_plot_and_shard_results(full_log, tmp_path, capsys):
+    path, _, _ = full_log
+    out = tmp_path / "report"
+    assert (
+        main(["bound", "--logs", str(path), "--workers", "0", "--no-progress", "--out", str(out), "-n", "2"])
+        == 0
+    )
+    assert "alpha* n = 2" in capsys.readouterr().out
+    assert json.loads((out / "report.json").read_text())["positions"] == 6
+    assert "| iid |" in (out / "report.md").read_text()
+    assert (out / "bound_vs_n.png").stat().st_size > 1000
+    assert len(list((out / "shards").glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["bound", "--logs", "{tmp}/nothing*.npz"], "--logs: no file matches"),
+        (["bound", "--logs", "{full}", "--workers", "-1"], "--workers must be >= 0"),
+        (["bound", "--logs", "{full}", "-n", "0"], "-n: drafts per step must be at least 1"),
+        (["bound", "--logs", "{full}", "--verifiers", "magic"], "--verifiers: unknown magic"),
+        (["bound", "--logs", "{full}", "--out", "{full}"], "--out: "),
+        (["bound", "--logs", "{full}", "--example"], "do not combine"),
+        (["bound", "--logs", "{full}", "--draft", "greedy"], "--draft: with --logs"),
+        (["bound", "--example", "-n", "2", "3"], "-n takes one value"),
+        (["convert-log", "--top-k", "0", "{full}", "{tmp}/o.npz"], "--top-k must be at least 1"),
+        (["convert-log", "--top-k", "3", "{tmp}/missing.npz", "{tmp}/o.npz"], "IN.npz"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_naming_the_argument(full_log, tmp_path, capsys, arguments, message):
+    path, _, _ = full_log
+    arguments = [a.replace("{full}", str(path)).replace("{tmp}", str(tmp_path)) for a in arguments]
+    assert main(arguments) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specbound") and message in err and "\n" not in err
+
+
+def test_top_k_arrays_keep_ties_in_token_order():
+    p = np.array([[0.25, 0.25, 0.25, 0.25]])
+    arrays = top_k_arrays(p, p, 2)
+    np.testing.assert_array_equal(arrays["p_ids"], [[0, 1]])
