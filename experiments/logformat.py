@@ -198,3 +198,35 @@ class LogShard:
                     if name in self.scalars:
                         chunk[name] = np.full(count, self.scalars[name])
                 yield start, chunk
+
+
+def generation_distributions(results) -> tuple[np.ndarray, np.ndarray]:
+    """Stack the full ``(p, q)`` rows of every drafted position of executor results (``log_distributions="full"``)."""
+    ps, qs = [], []
+    for result in results:
+        for step in result.steps:
+            log = step.distributions
+            if log is None or log.kind != "full":
+                raise ValueError(
+                    "--log-out needs the executor's full distribution logs (log_distributions='full')"
+                )
+            ps.append(log.p.double().numpy())
+            qs.append(log.q.double().numpy())
+    if not ps:
+        raise ValueError(
+            "--log-out: the decoder drafted no position (the autoregressive decoder has nothing to log)"
+        )
+    p, q = np.concatenate(ps), np.concatenate(qs)
+    return p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+
+
+def write_generation_log(results, path, *, top_k: int | None = None, temperature=None) -> int:
+    """Write the drafted positions of executor results as a full log, or a top-k log if ``top_k``; returns rows."""
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--log-top-k must be at least 1, got {top_k}")
+    p, q = generation_distributions(results)
+    if top_k is None:
+        write_full_log(path, p, q, temperature=temperature)
+    else:
+        write_topk_log(path, top_k_arrays(p, q, top_k), p.shape[-1], temperature=temperature)
+    return len(p)

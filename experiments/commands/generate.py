@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print token ids, text, tau, acceptance and tokens/s"
     )
+    parser.add_argument(
+        "--log-out", default=None, help="write the drafted positions' p, q (docs/logformat.md)"
+    )
+    parser.add_argument(
+        "--log-top-k", type=int, default=None, help="with --log-out: a top-k log (default full)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
+        **({"log_distributions": "full"} if args.log_out else {}),
     )
+    if args.log_out:
+        from experiments.logformat import write_generation_log
+
+        write_generation_log([result], args.log_out, top_k=args.log_top_k, temperature=args.temperature)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
     else:

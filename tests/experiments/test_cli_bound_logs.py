@@ -131,3 +131,56 @@ def test_top_k_arrays_keep_ties_in_token_order():
     p = np.array([[0.25, 0.25, 0.25, 0.25]])
     arrays = top_k_arrays(p, p, 2)
     np.testing.assert_array_equal(arrays["p_ids"], [[0, 1]])
+
+
+def test_generation_logs_are_written_from_the_executor_step_logs(tmp_path):
+    import torch
+
+    from executor.logs import DistributionLog, GenerationResult, StepLog
+    from experiments.logformat import write_generation_log
+
+    p, q = lm_pair(4, rows=5, vocab=30)
+    steps = [
+        StepLog(
+            [1, 2],
+            [-1, 0],
+            [0],
+            [3],
+            [0],
+            [False],
+            DistributionLog("full", torch.tensor(p[:2]), torch.tensor(q[:2])),
+        ),
+        StepLog(
+            [1, 2],
+            [-1, 0],
+            [0, 1],
+            [2, 3],
+            [0],
+            [True],
+            DistributionLog("full", torch.tensor(p[2:]), torch.tensor(q[2:])),
+        ),
+    ]
+    result = GenerationResult([0], [3, 2, 3], steps, 1.0, 0.1)
+    assert write_generation_log([result], tmp_path / "full.npz", temperature=1.0) == 5
+    with np.load(tmp_path / "full.npz") as archive:
+        np.testing.assert_allclose(archive["p"], p, rtol=1e-6)
+    write_generation_log([result], tmp_path / "top.npz", top_k=3)
+    assert LogShard.open(tmp_path / "top.npz").kind == "topk"
+    with pytest.raises(ValueError, match="--log-top-k must be at least 1"):
+        write_generation_log([result], tmp_path / "x.npz", top_k=0)
+    empty = GenerationResult([0], [3], [StepLog([1], [-1], [0], [3], [], [])], 1.0, 0.1)
+    with pytest.raises(ValueError, match="full distribution logs"):
+        write_generation_log([empty], tmp_path / "x.npz")
+
+
+@pytest.mark.slow
+def test_generate_log_out_writes_a_log_that_bound_reads(tmp_path, capsys):
+    out = tmp_path / "gen.npz"
+    arguments = ["generate", "--prompt", "def add(a, b):", "--decoder", "chain", "--gamma", "2"]
+    arguments += ["--temperature", "1", "--max-new-tokens", "4", "--threads", "1", "--log-out", str(out)]
+    assert main([*arguments, "--log-top-k", "20"]) == 0
+    capsys.readouterr()
+    result = bound_json(capsys, str(out), "-n", "2", "--verifiers", "rrs")
+    assert result["positions"] >= 2 and result["kinds"] == ["topk"]
+    entry = result["optimal"]["iid"]["2"]
+    assert 0 <= entry["low"] <= entry["high"] <= 1

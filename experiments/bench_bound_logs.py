@@ -1,0 +1,198 @@
+"""Benchmark of ``bound --logs`` (docs/benchmarks/bound_logs.md).
+
+Throughput (positions/s) on full V = 49 152 logs and on top-k logs (k = 20, 256) with 1 and 2 Dask workers
+(interleaved: 1, 2, 1, 2, ... on the same shards, clusters started before timing), the scaling ratio, each
+worker's peak resident memory, the scheduler's per-task overhead, and the extrapolated time for 10^6 top-20
+positions (alpha* iid and wor, n = 2, 4, 8). With ``--widths LOG.npz`` (a full log, e.g. written by
+``specbound generate --log-out``) it also tabulates the mean interval width against k.
+
+    .venv/bin/python -m experiments.bench_bound_logs [--quick] [--widths runs/smollm_full.npz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.logformat import top_k_arrays, write_full_log, write_topk_log
+
+VOCAB = 49152
+SEED = 20251123
+
+
+def lm_rows(rng, rows, vocab=VOCAB):
+    """LM-like pairs: softmax of Gaussian logits at per-row temperatures; the draft adds noise."""
+    scale = rng.uniform(1.5, 4.0, size=(rows, 1))
+    logits = rng.standard_normal((rows, vocab)) * scale
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    noisy = logits + rng.standard_normal((rows, vocab)) * 0.8
+    q = np.exp(noisy - noisy.max(1, keepdims=True))
+    return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+
+
+def make_shards(folder: Path, shards: int, rows: int, k: int | None, rng) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(shards):
+        parts = []
+        for start in range(0, rows, 128):
+            p, q = lm_rows(rng, min(128, rows - start))
+            if k is None:
+                parts.append((p.astype(np.float32), q.astype(np.float32)))
+            else:
+                parts.append(top_k_arrays(p, q, k))
+        if k is None:
+            write_full_log(
+                folder / f"shard_{index:03d}.npz",
+                *map(np.concatenate, zip(*parts, strict=True)),
+                temperature=1.0,
+            )
+        else:
+            arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, VOCAB, temperature=1.0)
+
+
+def peak_memory(client) -> dict:
+    import resource
+
+    def rss() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    return client.run(rss)
+
+
+def timed_runs(folder: Path, ns, verifiers, rounds: int) -> dict:
+    """Positions/s with 1 and 2 workers, interleaved; peak worker memory; scheduler per-task overhead."""
+    from distributed import Client, LocalCluster
+
+    from experiments.sharded_bound import run_sharded
+
+    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=None) for w in (1, 2)}
+    times: dict[int, list[float]] = {1: [], 2: []}
+    positions = 0
+    try:
+        for _ in range(rounds):
+            for workers, cluster in clusters.items():
+                start = time.perf_counter()
+                report = run_sharded(
+                    str(folder / "*.npz"),
+                    ns,
+                    verifiers=verifiers,
+                    scheduler=cluster.scheduler_address,
+                    progress=False,
+                )
+                times[workers].append(time.perf_counter() - start)
+                positions = report["positions"]
+        memory = {}
+        for workers, cluster in clusters.items():
+            with Client(cluster.scheduler_address) as client:
+                memory[workers] = max(peak_memory(client).values())
+        with Client(clusters[2].scheduler_address) as client:
+            start = time.perf_counter()
+            client.gather(client.map(lambda x: x, range(500), pure=False))
+            overhead = (time.perf_counter() - start) / 500
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+    best = {w: min(t) for w, t in times.items()}
+    return {
+        "positions": positions,
+        "seconds": times,
+        "positions_per_s": {w: positions / t for w, t in best.items()},
+        "scaling_2_over_1": best[1] / best[2],
+        "peak_worker_rss_mb": {w: m / 2**20 for w, m in memory.items()},
+        "scheduler_seconds_per_task": overhead,
+    }
+
+
+def width_table(log: str, ks, ns) -> dict:
+    """Mean certified width of each quantity against k, on a full log converted to top-k in memory."""
+    from experiments.log_bounds import _topk_values, quantity_names
+    from experiments.logformat import LogShard
+
+    shard = LogShard.open(log)
+    p = np.concatenate([c["p"] for _, c in shard.chunks()]).astype(np.float64)
+    q = np.concatenate([c["q"] for _, c in shard.chunks()]).astype(np.float64)
+    p /= p.sum(1, keepdims=True)
+    q /= q.sum(1, keepdims=True)
+    from theory import optimal_acceptance
+
+    names = quantity_names(ns)
+    truth = {("overlap", 1): np.minimum(p, q).sum(1)}
+    for n in ns:
+        for draft in ("iid", "wor"):
+            truth[draft, n] = optimal_acceptance(p, q, n, draft=draft)
+    table = {"positions": len(p), "vocab_size": int(p.shape[1]), "k": {}}
+    for k in ks:
+        values, _, _ = _topk_values(top_k_arrays(p, q, k), p.shape[1], names)
+        row = {}
+        for (name, n), interval in values.items():
+            entry = {
+                "low": float(interval.low.mean()),
+                "high": float(interval.high.mean()),
+                "width": float(interval.width.mean()),
+            }
+            if (name, n) in truth:
+                entry["truth"] = float(truth[name, n].mean())
+                entry["contained"] = bool(
+                    np.all((interval.low <= truth[name, n] + 1e-6) & (truth[name, n] <= interval.high + 1e-6))
+                )
+            row[f"{name}@{n}"] = entry
+        table["k"][k] = row
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shards, one round")
+    parser.add_argument("--widths", default=None, help="a full log for the width-against-k table")
+    parser.add_argument("--out", default="runs/bench_bound_logs.json")
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(SEED)
+    report: dict = {"machine": {"cores": len(os.sched_getaffinity(0))}, "quick": args.quick}
+    rounds = 1 if args.quick else 2
+    cases = [  # (label, k, shards, rows per shard, ns, verifiers)
+        ("full V=49152, iid+wor n=2,4,8 + verifiers", None, 4, 8 if args.quick else 24, (2, 4, 8), None),
+        ("top-20, iid+wor n=2,4,8 + verifiers", 20, 4, 250 if args.quick else 2500, (2, 4, 8), None),
+        ("top-20, iid+wor n=2,4,8 only", 20, 4, 250 if args.quick else 2500, (2, 4, 8), ()),
+        ("top-256, iid+wor n=2,4,8 + verifiers", 256, 4, 100 if args.quick else 600, (2, 4, 8), None),
+    ]
+    if not args.skip_throughput:
+        from experiments.log_bounds import VERIFIERS
+
+        with tempfile.TemporaryDirectory() as scratch:
+            report["throughput"] = {}
+            for label, k, shards, rows, ns, verifiers in cases:
+                folder = Path(scratch) / label.split(",")[0].replace(" ", "_").replace("=", "")
+                if not folder.exists():
+                    make_shards(folder, shards, rows, k, rng)
+                result = timed_runs(folder, ns, VERIFIERS if verifiers is None else verifiers, rounds)
+                report["throughput"][label] = result
+                print(
+                    label,
+                    json.dumps(
+                        {
+                            key: result[key]
+                            for key in ("positions_per_s", "scaling_2_over_1", "peak_worker_rss_mb")
+                        }
+                    ),
+                    flush=True,
+                )
+        fast = report["throughput"]["top-20, iid+wor n=2,4,8 only"]["positions_per_s"]
+        report["million_top20_seconds"] = {w: 1e6 / rate for w, rate in fast.items()}
+    if args.widths:
+        report["widths"] = width_table(args.widths, (1, 5, 20, 64, 256, 1024), (2, 4, 8))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
