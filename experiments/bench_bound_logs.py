@@ -72,7 +72,7 @@ def timed_runs(folder: Path, ns, verifiers, rounds: int) -> dict:
 
     from experiments.sharded_bound import run_sharded
 
-    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=None) for w in (1, 2)}
+    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=":0") for w in (1, 2)}
     times: dict[int, list[float]] = {1: [], 2: []}
     positions = 0
     try:

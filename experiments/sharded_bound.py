@@ -125,7 +125,7 @@ def _run_on_dask(todo, arguments, workers, scheduler, processes, shard_function,
             threads_per_worker=1,
             processes=processes,
             memory_limit=WORKER_MEMORY if processes else None,
-            dashboard_address=None,
+            dashboard_address=":0",
         )
         client = Client(cluster)
     try:

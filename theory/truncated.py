@@ -39,6 +39,7 @@ import numpy as np
 
 from theory.checks import as_choice, as_count
 from theory.multidraft import _sorted
+from theory.verifiers import verifier
 
 __all__ = [
     "Interval",
@@ -350,6 +351,12 @@ def _optimistic(s: TopKPositions, draft: str):
     )
 
 
+def _padded(p: np.ndarray, q: np.ndarray, width: int):
+    """Zero columns up to ``width`` (the without-replacement bounds read the top ``n - 1`` entries of a row)."""
+    extra = max(0, width - p.shape[1])
+    return np.pad(p, ((0, 0), (0, extra))), np.pad(q, ((0, 0), (0, extra)))
+
+
 def optimal_acceptance_interval(positions: TopKPositions, n: int, *, draft: str = "iid") -> Interval:
     r"""Interval of :math:`\alpha^* = 1 + \min_H [p(H) - Q(H)]` (Hu et al., ICLR 2025, arXiv:2502.18779) over
     completions, for ``draft`` ``"iid"`` (:math:`Q(H) = q(H)^n`) or ``"wor"``.
@@ -372,12 +379,12 @@ def optimal_acceptance_interval(positions: TopKPositions, n: int, *, draft: str 
         return overlap_interval(positions)
     s = positions
     low = _sorted(*_pessimistic(s), n, "iid")
-    high = _sorted(*_optimistic(s, draft), n, draft)
+    high = _sorted(*_padded(*_optimistic(s, draft), n + 1), n, draft)
     exact_low = (_needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged) & (draft == "iid")
     exact_high = np.zeros(len(s), dtype=bool)
     complete = s.complete
     if complete.any():  # the log determines the row: one exact value at both ends
-        low[complete] = high[complete] = _sorted(s.p[complete], s.q[complete], n, draft)
+        low[complete] = high[complete] = _sorted(*_padded(s.p[complete], s.q[complete], n + 1), n, draft)
     exact_low |= complete
     exact_high |= complete
     high = np.maximum(high, low)  # round-off only: the bounds are ordered
@@ -462,8 +469,6 @@ def verifier_acceptance_interval(
         lower = bound("overlap").low
         if name == "kseq":
             lower = np.maximum(lower, (1.0 - math.exp(-1.0)) * bound("iid").low)
-    from theory.verifiers import verifier
-
     complete = s.complete
     limit = verifier(name).max_exact_vocab(n)
     if limit is not None and s.p.shape[1] > limit:

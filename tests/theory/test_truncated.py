@@ -306,3 +306,14 @@ def test_bad_input_names_the_argument(change, message):
             vocab,
             **arguments,
         )
+
+
+@pytest.mark.parametrize("draft", ["iid", "wor"])
+def test_more_drafts_than_logged_tokens_still_gives_a_valid_interval(draft):
+    rng = np.random.default_rng(2)
+    vocab = 6
+    p, q = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
+    positions = top_k_positions(*top_k(p, 1), *top_k(q, 1), vocab)
+    interval = truncated_interval(positions, draft, 5)
+    truth = optimal_acceptance(p, q, 5, draft=draft)
+    assert interval.low[0] - TOL <= truth <= interval.high[0] + TOL
