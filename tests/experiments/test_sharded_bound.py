@@ -170,3 +170,12 @@ def test_bad_shards_are_named_skipped_and_never_averaged(shards):
     good = run(folder / "[ft][uo]*_*.npz")
     for key in ("overlap", "optimal", "verifiers", "by_feature", "positions"):
         assert report[key] == good[key]
+
+
+def test_an_existing_scheduler_address_runs_the_same_shards(shards):
+    from distributed import LocalCluster
+
+    folder, _ = shards
+    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0") as cluster:
+        remote = run(folder / "top_*.npz", scheduler=cluster.scheduler_address)
+    assert clean(remote) == clean(run(folder / "top_*.npz"))
