@@ -36,25 +36,19 @@ def lm_rows(rng, rows, vocab=VOCAB):
     return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
 
 
-def make_shards(folder: Path, shards: int, rows: int, k: int | None, rng) -> None:
+def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> None:
+    """Shards of ``rows`` positions drawn (with replacement) from a pool of LM-like full rows."""
     folder.mkdir(parents=True, exist_ok=True)
+    p_pool, q_pool, rng = pool
     for index in range(shards):
-        parts = []
-        for start in range(0, rows, 128):
-            p, q = lm_rows(rng, min(128, rows - start))
-            if k is None:
-                parts.append((p.astype(np.float32), q.astype(np.float32)))
-            else:
-                parts.append(top_k_arrays(p, q, k))
+        pick = rng.integers(0, len(p_pool), size=rows)
+        p, q = p_pool[pick], q_pool[pick]
         if k is None:
             write_full_log(
-                folder / f"shard_{index:03d}.npz",
-                *map(np.concatenate, zip(*parts, strict=True)),
-                temperature=1.0,
+                folder / f"shard_{index:03d}.npz", p.astype(np.float32), q.astype(np.float32), temperature=1.0
             )
         else:
-            arrays = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, VOCAB, temperature=1.0)
+            write_topk_log(folder / f"shard_{index:03d}.npz", top_k_arrays(p, q, k), VOCAB, temperature=1.0)
 
 
 def peak_memory(client) -> dict:
@@ -110,6 +104,29 @@ def timed_runs(folder: Path, ns, verifiers, rounds: int) -> dict:
     }
 
 
+def cpu_rates(cases, pool, scratch: Path) -> dict:
+    """Positions per CPU-second of one in-process shard per case (robust to other jobs sharing the cores)."""
+    from experiments.log_bounds import VERIFIERS, bound_shard
+
+    rates = {}
+    for index, (label, k, _, rows, ns, verifiers) in enumerate(cases):
+        folder = scratch / f"cpu_{index}"
+        make_shards(folder, 1, rows, k, pool)
+        path = str(folder / "shard_000.npz")
+        bound_shard(path, ns, verifiers=VERIFIERS if verifiers is None else verifiers)  # warm-up
+        start, wall = time.process_time(), time.perf_counter()
+        bound_shard(path, ns, verifiers=VERIFIERS if verifiers is None else verifiers)
+        cpu, wall = time.process_time() - start, time.perf_counter() - wall
+        rates[label] = {
+            "positions": rows,
+            "cpu_seconds": cpu,
+            "wall_seconds": wall,
+            "positions_per_cpu_s": rows / cpu,
+        }
+        print(label, json.dumps(rates[label]), flush=True)
+    return rates
+
+
 def width_table(log: str, ks, ns) -> dict:
     """Mean certified width of each quantity against k, on a full log converted to top-k in memory."""
     from experiments.log_bounds import _topk_values, quantity_names
@@ -153,25 +170,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--widths", default=None, help="a full log for the width-against-k table")
     parser.add_argument("--out", default="runs/bench_bound_logs.json")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--cpu-only", action="store_true", help="only the in-process CPU-time rates")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(SEED)
     report: dict = {"machine": {"cores": len(os.sched_getaffinity(0))}, "quick": args.quick}
     rounds = 1 if args.quick else 2
+    scale = 1 if args.quick else 4
     cases = [  # (label, k, shards, rows per shard, ns, verifiers)
-        ("full V=49152, iid+wor n=2,4,8 + verifiers", None, 4, 8 if args.quick else 24, (2, 4, 8), None),
-        ("top-20, iid+wor n=2,4,8 + verifiers", 20, 4, 250 if args.quick else 2500, (2, 4, 8), None),
-        ("top-20, iid+wor n=2,4,8 only", 20, 4, 250 if args.quick else 2500, (2, 4, 8), ()),
-        ("top-256, iid+wor n=2,4,8 + verifiers", 256, 4, 100 if args.quick else 600, (2, 4, 8), None),
+        ("full V=49152, iid+wor n=2,4,8", None, 4, 2 * scale, (2, 4, 8), ()),
+        ("top-20, iid+wor n=2,4,8", 20, 4, 400 * scale, (2, 4, 8), ()),
+        ("top-256, iid+wor n=2,4,8", 256, 4, 60 * scale, (2, 4, 8), ()),
+        ("top-20, iid+wor n=2,4,8 + all verifiers", 20, 4, 200 * scale, (2, 4, 8), None),
     ]
-    if not args.skip_throughput:
+    pool = (*lm_rows(rng, 64 if args.quick else 256), rng)
+    if args.cpu_only:
+        with tempfile.TemporaryDirectory() as scratch:
+            report["cpu"] = cpu_rates(cases, pool, Path(scratch))
+        fast = report["cpu"]["top-20, iid+wor n=2,4,8"]["positions_per_cpu_s"]
+        report["million_top20_cpu_seconds"] = 1e6 / fast
+    elif not args.skip_throughput:
         from experiments.log_bounds import VERIFIERS
 
         with tempfile.TemporaryDirectory() as scratch:
             report["throughput"] = {}
             for label, k, shards, rows, ns, verifiers in cases:
-                folder = Path(scratch) / label.split(",")[0].replace(" ", "_").replace("=", "")
-                if not folder.exists():
-                    make_shards(folder, shards, rows, k, rng)
+                folder = Path(scratch) / f"case_{len(report['throughput'])}"
+                make_shards(folder, shards, rows, k, pool)
                 result = timed_runs(folder, ns, VERIFIERS if verifiers is None else verifiers, rounds)
                 report["throughput"][label] = result
                 print(
@@ -184,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     flush=True,
                 )
-        fast = report["throughput"]["top-20, iid+wor n=2,4,8 only"]["positions_per_s"]
+        fast = report["throughput"]["top-20, iid+wor n=2,4,8"]["positions_per_s"]
         report["million_top20_seconds"] = {w: 1e6 / rate for w, rate in fast.items()}
     if args.widths:
         report["widths"] = width_table(args.widths, (1, 5, 20, 64, 256, 1024), (2, 4, 8))
