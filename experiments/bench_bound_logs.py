@@ -52,10 +52,12 @@ def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> No
 
 
 def peak_memory(client) -> dict:
-    import resource
+    """Each worker's resident-memory high-water mark (VmHWM; ru_maxrss would include the forking parent's)."""
 
     def rss() -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
 
     return client.run(rss)
 
