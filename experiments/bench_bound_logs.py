@@ -129,6 +129,37 @@ def cpu_rates(cases, pool, scratch: Path) -> dict:
     return rates
 
 
+def log_smollm(path: str, positions: int = 300) -> int:
+    """Log at least ``positions`` drafted positions of SmolLM2 at T = 1 (chain, gamma 4, early-exit drafter)."""
+    import torch
+
+    from executor.generate import generate
+    from executor.weights import load_model
+    from experiments.logformat import write_generation_log
+    from experiments.prompts import humaneval_prompts
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model(device="cpu", dtype=torch.float32)
+    results, rows = [], 0
+    for seed, prompt in enumerate(humaneval_prompts(40)):
+        result = generate(
+            prompt,
+            model=model,
+            tokenizer=tokenizer,
+            decoder="chain",
+            gamma=4,
+            temperature=1.0,
+            max_new_tokens=48,
+            seed=seed,
+            log_distributions="full",
+        )
+        results.append(result)
+        rows += sum(len(step.distributions.p) for step in result.steps if step.distributions is not None)
+        if rows >= positions:
+            break
+    return write_generation_log(results, path, temperature=1.0)
+
+
 def width_table(log: str, ks, ns) -> dict:
     """Mean certified width of each quantity against k, on a full log converted to top-k in memory."""
     from experiments.log_bounds import _topk_values, quantity_names
@@ -170,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shards, one round")
     parser.add_argument("--widths", default=None, help="a full log for the width-against-k table")
+    parser.add_argument(
+        "--log-smollm", default=None, metavar="PATH", help="first write a SmolLM2 T = 1 log there"
+    )
     parser.add_argument("--out", default="runs/bench_bound_logs.json")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--cpu-only", action="store_true", help="only the in-process CPU-time rates")
@@ -212,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
         fast = report["throughput"]["top-20, iid+wor n=2,4,8"]["positions_per_s"]
         report["million_top20_seconds"] = {w: 1e6 / rate for w, rate in fast.items()}
+    if args.log_smollm:
+        print(f"logged {log_smollm(args.log_smollm)} positions to {args.log_smollm}")
     if args.widths:
         report["widths"] = width_table(args.widths, (1, 5, 20, 64, 256, 1024), (2, 4, 8))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
