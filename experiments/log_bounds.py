@@ -68,7 +68,7 @@ def _full_values(p, q, names, vocab):
     return out
 
 
-def _topk_values(chunk, vocab, names):
+def _topk_values(chunk, vocab, names, wor_low: str = "dust"):
     """Per-row intervals of every quantity on a top-k chunk: ``{(name, n): Interval}``."""
     from theory.truncated import top_k_positions, truncated_interval, verifier_acceptance_interval
 
@@ -88,7 +88,8 @@ def _topk_values(chunk, vocab, names):
     for name, n in names:
         cache = known.setdefault(n, {})
         if name in ("overlap", *DRAFTS):
-            cache[name] = out[name, n] = truncated_interval(positions, name, n)
+            options = {"wor_low": wor_low} if name == "wor" else {}
+            cache[name] = out[name, n] = truncated_interval(positions, name, n, **options)
         else:
             out[name, n] = verifier_acceptance_interval(positions, name, n, known=cache)
     logged_entropy = entropy(np.where(chunk["p_ids"] >= 0, p_values, 0.0))
@@ -174,7 +175,15 @@ def _key(key: tuple[str, int]) -> str:
     return f"{key[0]}@{key[1]}"
 
 
-def bound_shard(path: str, ns, *, drafts=DRAFTS, verifiers=VERIFIERS, chunk_bytes: int = CHUNK_BYTES) -> dict:
+def bound_shard(
+    path: str,
+    ns,
+    *,
+    drafts=DRAFTS,
+    verifiers=VERIFIERS,
+    chunk_bytes: int = CHUNK_BYTES,
+    wor_low: str = "dust",
+) -> dict:
     """Summary of one shard; raises :class:`LogError` (a ValueError) if any row of it is unusable."""
     shard = LogShard.open(path)
     names = quantity_names(ns, drafts, verifiers)
@@ -188,7 +197,7 @@ def bound_shard(path: str, ns, *, drafts=DRAFTS, verifiers=VERIFIERS, chunk_byte
             features = entropy(p)
         else:
             try:
-                values, _, logged = _topk_values(chunk, shard.vocab_size, names)
+                values, _, logged = _topk_values(chunk, shard.vocab_size, names, wor_low)
             except LogError:
                 raise
             except ValueError as error:

@@ -60,6 +60,7 @@ def run_sharded(
     scheduler: str | None = None,
     out: str | os.PathLike | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    wor_low: str = "dust",
     progress: bool = True,
     processes: bool = True,
     shard_function: Callable = safe_bound_shard,
@@ -74,7 +75,7 @@ def run_sharded(
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     ns = [int(n) for n in ns]
-    settings = {"n": ns, "drafts": list(drafts), "verifiers": list(verifiers)}
+    settings = {"n": ns, "drafts": list(drafts), "verifiers": list(verifiers), "wor_low": wor_low}
     cache = Path(out) / "shards" if out is not None else None
     results: dict[str, dict] = {}
     todo = []
@@ -96,7 +97,7 @@ def run_sharded(
     bar = tqdm(
         total=len(paths), initial=len(paths) - len(todo), desc="shards", unit="shard", disable=not progress
     )
-    arguments = (ns, tuple(drafts), tuple(verifiers), chunk_bytes)
+    arguments = (ns, tuple(drafts), tuple(verifiers), chunk_bytes, wor_low)
     try:
         if scheduler is None and workers == 0:
             for path, file in todo:

@@ -357,14 +357,40 @@ def _padded(p: np.ndarray, q: np.ndarray, width: int):
     return np.pad(p, ((0, 0), (0, extra))), np.pad(q, ((0, 0), (0, extra)))
 
 
-def optimal_acceptance_interval(positions: TopKPositions, n: int, *, draft: str = "iid") -> Interval:
+def _dust_low(s: TopKPositions, n: int, slack: float) -> np.ndarray:
+    r"""Without-replacement lower bound: :math:`\alpha^*_{wor}` of the pessimistic vectors with ``q``'s tail split
+    into ``M`` equal "dust" tokens, minus :math:`n(n-1)/(2M)`, ``M = ceil(n(n-1)/(2 slack))``.
+
+    Valid because (docs/truncated_logs.md, section 3) :math:`Q_{wor}(H)` is at most the inclusion probability with
+    the unlogged ``q`` mass in ``H`` replaced by a Poisson process of rate :math:`r_q` ("dust"), which differs from
+    the ``M``-token split by at most the chance :math:`\binom{n}{2}/M` that two of ``n`` dust arrivals hit one token.
+    """
+    dust = math.ceil(n * (n - 1) / (2 * slack))
+    rows = len(s)
+    p = np.concatenate([np.where(s.known_p, s.p, 0.0), s.p_rest[:, None], np.zeros((rows, dust))], axis=1)
+    q = np.concatenate(
+        [
+            np.where(s.known_q, s.q, 0.0),
+            np.zeros((rows, 1)),
+            np.repeat(s.q_rest[:, None] / dust, dust, axis=1),
+        ],
+        axis=1,
+    )
+    return _sorted(p, q, n, "wor") - np.where(s.q_rest > 0, n * (n - 1) / (2 * dust), 0.0)
+
+
+def optimal_acceptance_interval(
+    positions: TopKPositions, n: int, *, draft: str = "iid", wor_low: str = "dust", dust_slack: float = 0.005
+) -> Interval:
     r"""Interval of :math:`\alpha^* = 1 + \min_H [p(H) - Q(H)]` (Hu et al., ICLR 2025, arXiv:2502.18779) over
     completions, for ``draft`` ``"iid"`` (:math:`Q(H) = q(H)^n`) or ``"wor"``.
 
     low (``"iid"``): :math:`1 + \min_H [p_-(H) - q_+(H)^n]`, the two minima commuted, with
     :math:`p_-(H)` the least ``p(H)`` and :math:`q_+(H)` the largest ``q(H)`` over completions; bounded below
     by :math:`\alpha^*` of the pessimistic vectors (:func:`_pessimistic`), equal to it when the tails fit on
-    disjoint unlogged tokens. low (``"wor"``): the ``"iid"`` low, since :math:`Q_{wor}(H) \le q(H)^n`.
+    disjoint unlogged tokens. low (``"wor"``): the ``"iid"`` low, since :math:`Q_{wor}(H) \le q(H)^n`, and with
+    ``wor_low="dust"`` (default) the larger :func:`_dust_low` (within ``dust_slack`` of the Poisson-dust bound; its
+    cost grows like :math:`n^2/\text{dust\_slack}` entries per position).
 
     high: :math:`\max \min \le \min \max`: :math:`1 + \min_{H \subseteq K_q} [\hat p(H) - Q(H)]` with
     :math:`\hat p = p` on ``A`` and ``min(a, r_p)`` on :math:`B_q`; for ``H`` inside the logged ``q`` tokens
@@ -374,11 +400,16 @@ def optimal_acceptance_interval(positions: TopKPositions, n: int, *, draft: str 
     ``n = 1`` returns :func:`overlap_interval` (exact). Positions with no unlogged mass are exact.
     """
     draft = as_choice(draft, "draft", ("iid", "wor"))
+    wor_low = as_choice(wor_low, "wor_low", ("iid", "dust"))
     n = as_count(n, "n")
+    if not 0 < dust_slack < 1:
+        raise ValueError(f"dust_slack must lie in (0, 1), got {dust_slack}")
     if n == 1:
         return overlap_interval(positions)
     s = positions
     low = _sorted(*_pessimistic(s), n, "iid")
+    if draft == "wor" and wor_low == "dust":
+        low = np.maximum(low, _dust_low(s, n, dust_slack))
     high = _sorted(*_padded(*_optimistic(s, draft), n + 1), n, draft)
     exact_low = (_needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged) & (draft == "iid")
     exact_high = np.zeros(len(s), dtype=bool)
@@ -486,11 +517,12 @@ def _dense(s: TopKPositions, rows: np.ndarray, side: str = "p") -> np.ndarray:
     return values / values.sum(axis=1, keepdims=True)
 
 
-def truncated_interval(positions: TopKPositions, quantity: str, n: int = 1) -> Interval:
-    """Dispatch by name: ``"overlap"``, ``"iid"``, ``"wor"`` (:math:`\\alpha^*`) or a verifier name."""
+def truncated_interval(positions: TopKPositions, quantity: str, n: int = 1, **options) -> Interval:
+    """Dispatch by name: ``"overlap"``, ``"iid"``, ``"wor"`` (:math:`\\alpha^*`; ``options`` go to
+    :func:`optimal_acceptance_interval`) or a verifier name."""
     quantity = as_choice(quantity, "quantity", TRUNCATED_QUANTITIES)
     if quantity == "overlap":
         return overlap_interval(positions)
     if quantity in ("iid", "wor"):
-        return optimal_acceptance_interval(positions, n, draft=quantity)
+        return optimal_acceptance_interval(positions, n, draft=quantity, **options)
     return verifier_acceptance_interval(positions, quantity, n)

@@ -36,6 +36,12 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="verifiers to bound (default: all); none with an empty list",
     )
+    group.add_argument(
+        "--wor-low",
+        choices=("dust", "iid"),
+        default="dust",
+        help="lower bound of alpha* wor on top-k logs: dust (tighter, ~3 ms/position at n = 8) or iid (fast)",
+    )
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -72,6 +78,7 @@ def run_logs(args: argparse.Namespace) -> int:
         workers=workers,
         scheduler=args.scheduler,
         out=args.out,
+        wor_low=args.wor_low,
         progress=not args.no_progress,
     )
     if args.out is not None:

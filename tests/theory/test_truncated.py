@@ -317,3 +317,20 @@ def test_more_drafts_than_logged_tokens_still_gives_a_valid_interval(draft):
     interval = truncated_interval(positions, draft, 5)
     truth = optimal_acceptance(p, q, 5, draft=draft)
     assert interval.low[0] - TOL <= truth <= interval.high[0] + TOL
+
+
+def test_dust_bound_tightens_the_without_replacement_low_and_stays_below_every_completion():
+    """The dust low must beat the i.i.d. low somewhere (else the test of its validity would be vacuous)."""
+    from theory.truncated import optimal_acceptance_interval
+
+    gains = []
+    for vocab, p, q, kp, kq in CASES[:8]:
+        positions = top_k_positions(*top_k(p, kp), *top_k(q, kq), vocab)
+        dust = optimal_acceptance_interval(positions, 2, draft="wor")
+        plain = optimal_acceptance_interval(positions, 2, draft="wor", wor_low="iid")
+        lowest, _ = brute_force(vocab, p, q, kp, kq, "wor", 2)
+        assert plain.low[0] <= dust.low[0] <= lowest + TOL
+        gains.append(dust.low[0] - plain.low[0])
+    assert max(gains) > 0.01
+    with pytest.raises(ValueError, match="dust_slack"):
+        optimal_acceptance_interval(positions, 2, draft="wor", dust_slack=0)
