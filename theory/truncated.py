@@ -20,7 +20,7 @@ quantity                               interval
 :math:`\alpha^*_{iid}`, ``n >= 2``     ``low`` exact when the tails fit disjointly
                                        (:math:`\lceil r_p/a\rceil + \lceil r_q/b\rceil \le c`),
                                        else a valid lower bound; ``high`` a valid upper bound
-:math:`\alpha^*_{wor}`, ``n >= 2``     valid outer bounds (``low`` is the i.i.d. lower bound)
+:math:`\alpha^*_{wor}`, ``n >= 2``     valid outer bounds (``low``: the "dust" bound, at least the i.i.d. low)
 greedy, spechub verifiers              exact at both ends (given the top ``n - 1`` of ``q`` are logged)
 optimal verifier                       the :math:`\alpha^*_{iid}` interval
 nss, naive, rrs, rrs_wor, kseq         valid outer bounds
@@ -380,7 +380,7 @@ def _dust_low(s: TopKPositions, n: int, slack: float) -> np.ndarray:
 
 
 def optimal_acceptance_interval(
-    positions: TopKPositions, n: int, *, draft: str = "iid", wor_low: str = "dust", dust_slack: float = 0.005
+    positions: TopKPositions, n: int, *, draft: str = "iid", wor_low: str = "dust", dust_slack: float = 0.01
 ) -> Interval:
     r"""Interval of :math:`\alpha^* = 1 + \min_H [p(H) - Q(H)]` (Hu et al., ICLR 2025, arXiv:2502.18779) over
     completions, for ``draft`` ``"iid"`` (:math:`Q(H) = q(H)^n`) or ``"wor"``.

@@ -40,7 +40,7 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         "--wor-low",
         choices=("dust", "iid"),
         default="dust",
-        help="lower bound of alpha* wor on top-k logs: dust (tighter, ~3 ms/position at n = 8) or iid (fast)",
+        help="lower bound of alpha* wor on top-k logs: dust (tighter, ~1 ms/position at n = 8) or iid (fast)",
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
