@@ -221,11 +221,13 @@ def _width(shard: LogShard) -> list[int] | None:
 
 
 def safe_bound_shard(
-    path: str, ns, drafts=DRAFTS, verifiers=VERIFIERS, chunk_bytes: int = CHUNK_BYTES
+    path: str, ns, drafts=DRAFTS, verifiers=VERIFIERS, chunk_bytes: int = CHUNK_BYTES, wor_low: str = "dust"
 ) -> dict:
     """:func:`bound_shard`, but a bad shard returns ``{"error": message}`` instead of raising."""
     try:
-        return bound_shard(path, ns, drafts=drafts, verifiers=verifiers, chunk_bytes=chunk_bytes)
+        return bound_shard(
+            path, ns, drafts=drafts, verifiers=verifiers, chunk_bytes=chunk_bytes, wor_low=wor_low
+        )
     except (LogError, ValueError, OSError) as error:
         return {"error": str(error) or type(error).__name__}
 
