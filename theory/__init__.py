@@ -45,6 +45,7 @@ from theory.multidraft import (
     optimal_acceptance,
     optimal_acceptance_certificate,
 )
+from theory.optimal_verifier import OptimalVerifier, optimal_verifier
 from theory.staged import StagedStep, expected_rounds, staged_step
 from theory.tree_growth import DySpecTree, dynamic_tree, greedy_tree
 from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
@@ -107,6 +108,8 @@ __all__ = [
     "optimal_draft_length",
     "optimal_length_policy",
     "optimal_tree",
+    "optimal_verifier",
+    "OptimalVerifier",
     "plan_tree",
     "PlanCandidate",
     "PositionalAcceptance",

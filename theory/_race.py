@@ -1,0 +1,138 @@
+r"""The exponential race among i.i.d. drafts of one priority class: its selection marginal and its weights.
+
+``n`` drafts are drawn i.i.d. from ``q``. A *class* ``C`` is a set of tokens split into *units* ``u`` (groups of
+tokens sharing one weight :math:`w_u = e^{\lambda_u}`) with draft masses :math:`Q_u`; drafts in lower classes
+have total mass ``x`` and drafts in higher classes pre-empt ``C``. When ``C`` is the highest class among the
+drafts, each draft of ``C`` starts an :math:`\mathrm{Exp}(w)` clock and the first to ring is selected. Since the
+drafts are independent, the probability that the selected draft lies in unit ``u`` is the one-dimensional
+integral (reference note ``optimal_verifier.md``, section 4)
+
+.. math:: r_u = n\, Q_u w_u \int_0^\infty e^{-t w_u}\, \varphi(t)^{n-1}\, dt, \qquad
+          \varphi(t) = x + \sum_v Q_v e^{-t w_v},
+
+with :math:`\sum_u r_u = (x + Q_C)^n - x^n` (differentiate :math:`\varphi^n`). For ``n = 2`` it is the
+Bradley--Terry sum :math:`r_u = 2 Q_u [x + \sum_v Q_v\, w_u / (w_u + w_v)]`, used here in closed form. For
+``n >= 3`` the integral is a trapezoid rule in :math:`s = \ln t` with step :data:`STEP` on the window where
+some unit has :math:`w t \in [e^{-42}, e^{4}]`: the integrand :math:`n Q_u (w_u t) e^{-w_u t} \varphi^{n-1}`
+is analytic in the strip :math:`|\mathrm{Im}\, s| < \pi/2` and decays exponentially at both ends, so the rule
+converges like :math:`e^{-2\pi d/h}` (measured error below 1e-15 against the ``n = 2`` closed form, tests), and
+the dropped ends weigh less than :math:`n e^{-42} \approx 6 \cdot 10^{-19} n` relative.
+
+The weights are the minimiser of the convex function :math:`\Psi(\lambda) = E[\log \sum_{i \in C} w(X_i);
+C \text{ on top}] - \sum_u r^*_u \lambda_u`, whose gradient is :math:`r(\lambda) - r^*`; :func:`fit_log_weights`
+runs damped Newton steps with the exact Hessian
+
+.. math:: \partial r_u / \partial \lambda_v = \delta_{uv}\, n Q_u \int w_u e^{-t w_u}(1 - t w_u) \varphi^{n-1}
+          dt - n(n-1) Q_u Q_v \int (w_u t e^{-t w_u})(w_v t e^{-t w_v}) \varphi^{n-2} \frac{dt}{t}.
+
+Only acceptance depends on how well the weights fit; the verifier stays lossless whatever they are, because it
+uses the marginal of the *final* weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Trapezoid step in ``s = ln t``.
+STEP = 0.2
+#: Window of the clock values ``w t``: from ``exp(LOW)`` for the largest weight to ``exp(HIGH)`` for the smallest.
+LOW, HIGH = -42.0, 4.0
+#: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
+TOLERANCE = 1e-14
+#: Newton iterations at most, backtracking halvings per iteration at most, and the largest step in ``lambda``.
+MAX_ITERATIONS, MAX_HALVINGS, MAX_STEP = 40, 8, 8.0
+
+
+def _nodes(log_weights: np.ndarray) -> np.ndarray:
+    """Quadrature nodes ``t`` (log-spaced by :data:`STEP`) covering the window of every weight."""
+    low = LOW - log_weights.max()
+    high = HIGH - log_weights.min()
+    return np.exp(np.arange(low, high + STEP, STEP))
+
+
+def race_marginal(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: int, jacobian: bool = False):
+    r"""Selection marginal :math:`r_u` of the race (and, if asked, :math:`\partial r / \partial \lambda`).
+
+    Parameters
+    ----------
+    lower : mass ``x`` of the lower classes.
+    masses : (U,) draft masses :math:`Q_u > 0` of the units.
+    log_weights : (U,) :math:`\lambda_u` (finite).
+    n : drafts, ``>= 2``.
+    jacobian : also return the (U, U) matrix :math:`\partial r_u / \partial \lambda_v`.
+    """
+    if n == 2:
+        return _bradley_terry(lower, masses, log_weights, jacobian)
+    t = _nodes(log_weights)[:, None]
+    clock = t * np.exp(log_weights)[None, :]  # (K, U): w_u t
+    survive = np.exp(-clock)
+    phi = lower + survive @ masses  # (K,)
+    density = clock * survive  # w t e^{-w t}
+    power = phi ** (n - 2)
+    weighted = density * (power * phi)[:, None]
+    r = n * masses * STEP * weighted.sum(axis=0)
+    if not jacobian:
+        return r
+    diagonal = n * masses * STEP * (weighted * (1.0 - clock)).sum(axis=0)
+    scaled = density * masses[None, :]
+    cross = (n * (n - 1) * STEP) * (scaled.T @ (scaled * power[:, None]))
+    return r, np.diag(diagonal) - cross
+
+
+def _bradley_terry(lower, masses, log_weights, jacobian):
+    r"""``n = 2``: :math:`r_u = 2 Q_u [x + \sum_v Q_v \sigma(\lambda_u - \lambda_v)]`, exact."""
+    difference = log_weights[:, None] - log_weights[None, :]
+    win = 0.5 * (1.0 + np.tanh(0.5 * difference))  # logistic, without overflow
+    r = 2.0 * masses * (lower + win @ masses)
+    if not jacobian:
+        return r
+    slope = win * win.T  # sigma(d) sigma(-d)
+    cross = 2.0 * masses[:, None] * masses[None, :] * slope
+    np.fill_diagonal(cross, 0.0)
+    return r, np.diag(cross.sum(axis=1)) - cross
+
+
+def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int) -> np.ndarray:
+    r"""Log-weights whose race marginal is (as close as Newton gets to) ``target``, for one class.
+
+    ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Starts from :math:`\lambda_u = \ln(r^*_u / Q_u)` and takes
+    damped Newton steps on :math:`\Psi` (the gradient :math:`r - r^*` sums to zero and the Hessian has the null
+    vector ``1``, fixed by adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm and
+    halved until :math:`\|r - r^*\|_1` decreases. Returns the best log-weights seen.
+    """
+    units = masses.shape[0]
+    log_weights = np.log(target / masses)
+    log_weights -= log_weights.max()
+    if units == 1:
+        return log_weights
+    r, hessian = race_marginal(lower, masses, log_weights, n, jacobian=True)
+    error = np.abs(r - target).sum()
+    for _ in range(MAX_ITERATIONS):
+        if error <= TOLERANCE:
+            break
+        scale = max(float(np.abs(np.diag(hessian)).mean()), 1e-300)
+        try:
+            step = np.linalg.solve(hessian + scale / units, target - r)
+        except np.linalg.LinAlgError:
+            step = np.linalg.lstsq(hessian, target - r, rcond=None)[0]
+        step -= step.mean()
+        largest = np.abs(step).max()
+        if not np.isfinite(largest):
+            break
+        if largest > MAX_STEP:
+            step *= MAX_STEP / largest
+        for _ in range(MAX_HALVINGS):
+            trial = log_weights + step
+            trial -= trial.max()
+            trial_r, trial_hessian = race_marginal(lower, masses, trial, n, jacobian=True)
+            trial_error = np.abs(trial_r - target).sum()
+            if trial_error < error:
+                break
+            step *= 0.5
+        else:
+            break
+        stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
+        log_weights, r, hessian, error = trial, trial_r, trial_hessian, trial_error
+        if stalled:
+            break
+    return log_weights

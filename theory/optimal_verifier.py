@@ -1,0 +1,435 @@
+r"""A run-time optimal multi-draft verifier for i.i.d. drafts: exactly lossless, reaching :math:`\alpha^*`.
+
+Drafts :math:`X_1, \dots, X_n` are i.i.d. from ``q``, the target is ``p``. The best acceptance of any lossless
+verifier is :math:`\alpha^* = 1 + \min_H [p(H) - q(H)^n]`, attained by a prefix :math:`H^*` of the tokens sorted
+by increasing :math:`p/q` (:func:`theory.optimal_acceptance`). The verifier built here (reference note
+``optimal_verifier.md``, checked by enumeration in ``tests/theory/test_optimal_verifier.py``) has two stages:
+
+1. **Select one draft.** The *tight prefixes* (ratio prefixes whose gap :math:`p(H_k) - q(H_k)^n` is within
+   :data:`TIGHT` of the minimum) cut the ratio order into *classes*. Among the drafts, only those in the highest
+   class present (the most under-proposed tokens) compete, in an exponential race with one weight per token
+   group (:mod:`theory._race`). Since the drafts are independent, the selection marginal ``r`` has the exact
+   one-dimensional integral form of :func:`theory._race.race_marginal`; a class of one token has
+   :math:`r = q_{hi}^n - q_{lo}^n`.
+2. **One single-draft speculative step against r.** Accept the selected ``y`` with probability
+   :math:`\min(1, p(y)/r(y))`, otherwise output a draw from :math:`(p - r)_+ / \|(p - r)_+\|_1`. Whatever the
+   selection rule, this outputs exactly ``p`` when ``r`` is its true marginal (Khisti, Ebrahimi, Dbouk, Behboodi,
+   Memisevic, Louizos, "Multi-Draft Speculative Sampling: Canonical Architectures and Theoretical Limits",
+   arXiv 2410.18234), and its acceptance is :math:`\sum_y \min(p(y), r(y))`.
+
+Every class ``C`` between cuts :math:`q_{lo} = q(\text{lower classes})` and :math:`q_{hi} = q_{lo} + q(C)` is
+selected with probability :math:`R_C = q_{hi}^n - q_{lo}^n` (computed as
+:math:`q(C) \sum_j q_{hi}^j q_{lo}^{n-1-j}`, without cancellation). When :math:`R_C \le p(C)` (classes above the
+minimiser) the weights aim at the water-filled target :math:`r^* = \min(p, c\, q)`, otherwise (below it) at
+:math:`r^* = \max(p, c\, q)`, with ``c`` solved exactly on the sorted class. With those marginals
+:math:`\sum \min(p, r) = \alpha^*` (structure theorem of the note, section 2). Tokens share weights in *units*:
+each token its own unit in small classes; in large ones the capped tokens form one unit, tokens with
+:math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`. The
+fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
+build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
+
+Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of :data:`BLOCK` tokens, the
+block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
+comes from the piecewise-linear fill, not a bisection (which loses all resolution at :math:`\max p/q \sim
+10^{20}`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from theory._race import fit_log_weights, race_marginal
+from theory.checks import as_count, as_distribution_pair
+
+__all__ = ["OptimalVerifier", "optimal_verifier"]
+
+#: Prefixes whose gap is within this of the minimum count as tight (they become class cuts).
+TIGHT = 1e-13
+#: Classes with at most this many tokens give every token its own unit.
+MAX_OWN_UNITS = 96
+#: In larger classes, tokens with ``max(p, q)`` at least this get their own unit (at most ``MAX_OWN_UNITS``).
+OWN_UNIT_MASS = 1e-4
+#: Bins of ``log(p/q)`` for the other uncapped tokens of a large class, first and on retry.
+BINS, RETRY_BINS = 96, 384
+#: A build whose shortfall exceeds this is rebuilt once with ``RETRY_BINS``.
+RETRY_SHORTFALL = 1e-9
+#: Block length of the prefix sums.
+BLOCK = 256
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Per-row tables: everything the sampler and the conditional law need."""
+
+    marginal: np.ndarray  # r (V,)
+    class_id: np.ndarray  # (V,) int, -1 where q = 0; larger = higher priority
+    log_weight: np.ndarray  # (V,) race log-weights, -inf where q = 0
+    alpha_star: float
+    minimiser_size: int
+
+
+class OptimalVerifier:
+    r"""A built optimal verifier for one pair or a batch of pairs (leading axes of ``p`` and ``q``).
+
+    Attributes
+    ----------
+    p, q : ndarray (..., V)
+        Target and draft distributions (float64).
+    n : int
+        Drafts per step.
+    marginal : ndarray (..., V)
+        The selection marginal ``r`` (exact: the race integral of the final weights).
+    acceptance : float or ndarray
+        :math:`\sum_y \min(p(y), r(y))`, the exact acceptance rate.
+    alpha_star : float or ndarray
+        :math:`1 + \min_k [P_k - X_k^n]` over ratio prefixes.
+    shortfall : float or ndarray
+        :math:`\alpha^* - ` ``acceptance`` (clipped at 0 against round-off).
+    class_id, log_weight : ndarray (..., V)
+        Priority class of each token (``-1`` where ``q = 0``) and its race log-weight.
+    accept_probability : ndarray (..., V)
+        :math:`\min(1, p/r)` (1 where ``r = 0``).
+    residual : ndarray (..., V)
+        :math:`(p - r)_+ / \|(p - r)_+\|_1` (``p`` where ``p = r``, a row never reached).
+    """
+
+    def __init__(self, p: np.ndarray, q: np.ndarray, n: int, tables: list[_Tables], batch_shape: tuple):
+        vocab = p.shape[-1]
+        self.p, self.q, self.n, self.batch_shape = p, q, n, batch_shape
+        shape = (*batch_shape, vocab)
+        self.marginal = np.stack([t.marginal for t in tables]).reshape(shape)
+        self.class_id = np.stack([t.class_id for t in tables]).reshape(shape)
+        self.log_weight = np.stack([t.log_weight for t in tables]).reshape(shape)
+        alpha = np.array([t.alpha_star for t in tables]).reshape(batch_shape)
+        r = self.marginal
+        self.acceptance = _scalar(np.minimum(p, r).sum(axis=-1))
+        self.alpha_star = _scalar(alpha)
+        self.shortfall = _scalar(np.maximum(alpha - np.minimum(p, r).sum(axis=-1), 0.0))
+        self.minimiser_size = _scalar(np.array([t.minimiser_size for t in tables]).reshape(batch_shape))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.accept_probability = np.where(r > 0, np.minimum(1.0, p / np.where(r > 0, r, 1.0)), 1.0)
+        excess = np.maximum(p - r, 0.0)
+        total = excess.sum(axis=-1, keepdims=True)
+        self.residual = np.where(total > 0, excess / np.where(total > 0, total, 1.0), p)
+
+    def __repr__(self) -> str:
+        return f"OptimalVerifier(n={self.n}, batch_shape={self.batch_shape}, shortfall={self.shortfall})"
+
+    # -- draft tuples ----------------------------------------------------------------------------------
+    def _tuples(self, drafts) -> tuple[np.ndarray, tuple]:
+        """Drafts as (B, M, n) int, with the shape of the leading axes beyond the batch (``()`` or ``(M,)``)."""
+        array = np.asarray(drafts)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"drafts must be integer token ids, got dtype {array.dtype}")
+        depth = len(self.batch_shape)
+        if array.ndim not in (depth + 1, depth + 2) or array.shape[:depth] != self.batch_shape:
+            raise ValueError(
+                f"drafts must have shape {(*self.batch_shape, 'n')} or {(*self.batch_shape, 'M', 'n')}, "
+                f"got {array.shape}"
+            )
+        if array.shape[-1] != self.n:
+            raise ValueError(f"drafts must hold n = {self.n} drafts per tuple, got {array.shape[-1]}")
+        extra = array.shape[depth:-1]
+        tuples = array.reshape(-1, int(np.prod(extra, dtype=np.int64)), self.n).astype(np.int64)
+        vocab = self.p.shape[-1]
+        if tuples.size and (tuples.min() < 0 or tuples.max() >= vocab):
+            raise ValueError(
+                f"drafts must be token ids in [0, {vocab}), got [{tuples.min()}, {tuples.max()}]"
+            )
+        q = self.q.reshape(-1, vocab)
+        if tuples.size and np.any(np.take_along_axis(q, tuples.reshape(q.shape[0], -1), axis=-1) <= 0):
+            raise ValueError("drafts contains a token with q = 0, which i.i.d. drafts from q never propose")
+        return tuples, extra
+
+    def selection(self, drafts) -> np.ndarray:
+        r"""Probability that each draft position is selected: :math:`w(X_i)/\sum_{j \in top} w(X_j)` on the top class.
+
+        ``drafts`` is ``(*batch, n)`` or ``(*batch, M, n)``; returns float arrays of the same shape.
+        """
+        tuples, extra = self._tuples(drafts)
+        vocab = self.p.shape[-1]
+        classes = np.take_along_axis(
+            self.class_id.reshape(-1, vocab), tuples.reshape(tuples.shape[0], -1), -1
+        )
+        logs = np.take_along_axis(self.log_weight.reshape(-1, vocab), tuples.reshape(tuples.shape[0], -1), -1)
+        classes, logs = classes.reshape(tuples.shape), logs.reshape(tuples.shape)
+        top = classes == classes.max(axis=-1, keepdims=True)
+        logs = np.where(top, logs, -np.inf)
+        weights = np.exp(logs - logs.max(axis=-1, keepdims=True))
+        chosen = weights / weights.sum(axis=-1, keepdims=True)
+        return chosen.reshape(*self.batch_shape, *extra, self.n)
+
+    def conditional(self, drafts) -> np.ndarray:
+        r"""Exact output law :math:`\pi(\cdot \mid \bar x)` given ordered drafts.
+
+        .. math:: \pi(\cdot \mid \bar x) = \sum_i s_i(\bar x) [a(x_i) \delta_{x_i} + (1 - a(x_i))\,
+                  \mathrm{res}], \quad a = \min(1, p/r),
+
+        ``s`` the race's selection probabilities. ``drafts`` is ``(*batch, n)`` -> ``(*batch, V)`` or
+        ``(*batch, M, n)`` -> ``(*batch, M, V)``.
+        """
+        tuples, extra = self._tuples(drafts)
+        vocab = self.p.shape[-1]
+        rows = tuples.shape[0]
+        chosen = self.selection(drafts).reshape(tuples.shape)
+        accept = np.take_along_axis(
+            self.accept_probability.reshape(rows, vocab), tuples.reshape(rows, -1), -1
+        ).reshape(tuples.shape)
+        out = (chosen * (1.0 - accept)).sum(axis=-1)[..., None] * self.residual.reshape(rows, 1, vocab)
+        index = np.arange(rows)[:, None, None], np.arange(tuples.shape[1])[None, :, None], tuples
+        np.add.at(out, index, chosen * accept)
+        return out.reshape(*self.batch_shape, *extra, vocab)
+
+    def sample(self, drafts, rng: np.random.Generator) -> np.ndarray:
+        """Run the verifier once per draft tuple with explicit coin flips; returns the output tokens.
+
+        ``drafts`` is ``(*batch, n)`` (returns ``batch``-shaped ints) or ``(*batch, M, n)`` (``(*batch, M)``).
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator, got {rng!r}")
+        tuples, extra = self._tuples(drafts)
+        rows, count, vocab = tuples.shape[0], tuples.shape[1], self.p.shape[-1]
+        chosen = self.selection(drafts).reshape(rows, count, self.n)
+        cumulative = np.cumsum(chosen, axis=-1)
+        u = rng.random((rows, count, 1)) * cumulative[..., -1:]
+        position = np.minimum((cumulative <= u).sum(axis=-1), self.n - 1)
+        selected = np.take_along_axis(tuples, position[..., None], -1)[..., 0]
+        accept = np.take_along_axis(self.accept_probability.reshape(rows, vocab), selected, -1)
+        keep = rng.random((rows, count)) < accept
+        residual_cdf = np.cumsum(self.residual.reshape(rows, vocab), axis=-1)
+        v = rng.random((rows, count)) * residual_cdf[:, -1:]
+        fallback = np.array(
+            [np.searchsorted(c, vr, side="right") for c, vr in zip(residual_cdf, v, strict=True)]
+        )
+        fallback = np.minimum(fallback.reshape(rows, count), vocab - 1)
+        out = np.where(keep, selected, fallback)
+        return out.reshape(*self.batch_shape, *extra)
+
+
+def optimal_verifier(p, q, n: int) -> OptimalVerifier:
+    r"""Build the run-time optimal verifier for ``n`` i.i.d. drafts from ``q`` and target ``p``.
+
+    Exactly lossless for any weights (the single-draft step runs against the exact selection marginal
+    ``r``; Khisti et al., arXiv 2410.18234), with acceptance :math:`\sum \min(p, r)` equal to
+    :math:`\alpha^* = 1 + \min_H [p(H) - q(H)^n]` (Hu et al., ICLR 2025, arXiv 2502.18779) up to the reported
+    ``shortfall`` (reference note ``optimal_verifier.md``; see the module docstring for the construction).
+
+    Parameters
+    ----------
+    p, q : array_like (..., V)
+        Target and draft distributions; leading axes broadcast and are built row by row.
+    n : int
+        Drafts per step, ``>= 1`` (``n = 1`` is speculative sampling, ``r = q``).
+
+    Returns
+    -------
+    OptimalVerifier
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> v = optimal_verifier([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], 2)
+    >>> bool(abs(v.acceptance - v.alpha_star) < 1e-12), round(float(v.acceptance), 6)
+    (True, 0.86)
+    """
+    p, q = as_distribution_pair(p, q)
+    n = as_count(n, "n")
+    # Rows renormalised to sum to 1 (they are within the 1e-6 validation tolerance), as optimal_acceptance does.
+    p = p / p.sum(axis=-1, keepdims=True)
+    q = q / q.sum(axis=-1, keepdims=True)
+    batch_shape = p.shape[:-1]
+    flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    tables = [_build_row(row_p, row_q, n) for row_p, row_q in zip(flat_p, flat_q, strict=True)]
+    return OptimalVerifier(p, q, n, tables, batch_shape)
+
+
+def _scalar(value: np.ndarray):
+    return float(value) if np.ndim(value) == 0 else value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Build of one row
+
+
+def _prefix_sums(values: np.ndarray) -> np.ndarray:
+    """``[0, v_0, v_0 + v_1, ...]`` with float64 sums inside blocks of :data:`BLOCK` and extended-precision
+    block offsets (a plain cumulative sum over 5e4 tokens drifts by ~6e-14)."""
+    size = values.shape[0]
+    padded = np.zeros(-(-size // BLOCK) * BLOCK)
+    padded[:size] = values
+    blocks = padded.reshape(-1, BLOCK)
+    inner = np.cumsum(blocks, axis=1)
+    offsets = np.zeros(blocks.shape[0], dtype=np.longdouble)
+    offsets[1:] = np.cumsum(inner[:, -1].astype(np.longdouble))[:-1]
+    out = np.empty(size + 1, dtype=np.longdouble)
+    out[0] = 0.0
+    out[1:] = (inner + offsets[:, None]).ravel()[:size]
+    return out
+
+
+def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: int) -> np.ndarray:
+    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum (no cancellation)."""
+    total = np.zeros_like(high)
+    for j in range(n):
+        total = total + high**j * low ** (n - 1 - j)
+    return mass * total
+
+
+def _build_row(p: np.ndarray, q: np.ndarray, n: int) -> _Tables:
+    vocab = p.shape[-1]
+    class_id = np.full(vocab, -1, dtype=np.int64)
+    log_weight = np.full(vocab, -np.inf)
+    support = np.flatnonzero(q > 0)
+    if n == 1:
+        class_id[support], log_weight[support] = 0, 0.0
+        alpha = float(np.minimum(p, q).sum())
+        return _Tables(q.copy(), class_id, log_weight, alpha, int(np.sum(p < q)))
+    ps, qs = p[support], q[support]
+    order = np.argsort(ps / qs)
+    tokens, ps, qs = support[order], ps[order], qs[order]
+    size = tokens.shape[0]
+    target_mass = _prefix_sums(ps)
+    draft_mass = _prefix_sums(qs)
+    draft_mass = np.minimum(draft_mass / draft_mass[-1], 1.0)
+    gap = target_mass - draft_mass**n
+    best = gap.min()
+    alpha = float(np.clip(1.0 + best, 0.0, 1.0))
+    cuts = np.flatnonzero(gap <= best + TIGHT)
+    minimiser = int(cuts[np.argmin(gap[cuts])])
+    # Slack of each token: how far the gap at the nearer of its two prefixes is above the minimum.
+    slack = np.minimum(gap[:-1], gap[1:]) - best
+    slack = slack.astype(np.float64)
+    bounds = np.unique(np.r_[0, cuts, size])
+    r_sorted = np.zeros(size)
+    classes = np.zeros(size, dtype=np.int64)
+    logs = np.zeros(size)
+    lows, highs = bounds[:-1], bounds[1:]
+    low_mass = draft_mass[lows].astype(np.float64)
+    high_mass = draft_mass[highs].astype(np.float64)
+    class_q = np.array([qs[a:b].sum() for a, b in zip(lows, highs, strict=True)])
+    selected = _power_difference(high_mass, low_mass, class_q, n)
+    for index, (a, b) in enumerate(zip(lows, highs, strict=True)):
+        classes[a:b] = index
+        if b - a == 1:
+            r_sorted[a] = selected[index]
+            continue
+        r_sorted[a:b], logs[a:b] = _fit_class(
+            ps[a:b], qs[a:b], slack[a:b], low_mass[index], selected[index], n, BINS
+        )
+    r = np.zeros(vocab)
+    r[tokens] = r_sorted
+    shortfall = alpha - np.minimum(p, r).sum()
+    if shortfall > RETRY_SHORTFALL and size > MAX_OWN_UNITS:
+        for index, (a, b) in enumerate(zip(lows, highs, strict=True)):
+            if b - a > MAX_OWN_UNITS:
+                r_sorted[a:b], logs[a:b] = _fit_class(
+                    ps[a:b], qs[a:b], slack[a:b], low_mass[index], selected[index], n, RETRY_BINS
+                )
+        retry = np.zeros(vocab)
+        retry[tokens] = r_sorted
+        if alpha - np.minimum(p, retry).sum() < shortfall:
+            r = retry
+    class_id[tokens], log_weight[tokens] = classes, logs
+    return _Tables(r, class_id, log_weight, alpha, minimiser)
+
+
+def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool) -> float:
+    r"""Level ``c`` with :math:`\sum_i \min(\rho_i, c)\, w_i` (``above``) or :math:`\sum_i \max(\rho_i, c)\, w_i`
+    equal to ``mass``, for ``ratio`` sorted increasingly, solved exactly on the piecewise-linear fill.
+
+    ``above``: with the first ``j`` items below ``c`` the sum is :math:`\sum_{i<j} \rho_i w_i + c \sum_{i \ge j}
+    w_i`; ``j`` is found by comparing ``mass`` with the sums at the breakpoints :math:`c = \rho_j`. Returns
+    ``inf`` when even :math:`\sum \rho_i w_i` falls short. Otherwise the mirror image (``-inf`` if too much).
+    """
+    size = ratio.shape[0]
+    head_p = np.r_[0.0, np.cumsum(ratio * weight)]
+    head_q = np.r_[0.0, np.cumsum(weight)]
+    tail_p = np.r_[np.cumsum((ratio * weight)[::-1])[::-1], 0.0]
+    tail_q = np.r_[np.cumsum(weight[::-1])[::-1], 0.0]
+    if above:
+        at_breaks = head_p[1:] + ratio * tail_q[1:]
+        below = int(np.searchsorted(at_breaks, mass, side="left"))
+        return (mass - head_p[below]) / tail_q[below] if below < size else np.inf
+    at_breaks = ratio * head_q[:-1] + tail_p[:-1]
+    raised = int(np.searchsorted(at_breaks, mass, side="right"))
+    return (mass - tail_p[raised]) / head_q[raised] if raised > 0 else -np.inf
+
+
+def _units(ps: np.ndarray, qs: np.ndarray, slack: np.ndarray, bins: int) -> np.ndarray:
+    r"""Unit label of each token of a large class.
+
+    Tokens with ``max(p, q) >= OWN_UNIT_MASS`` (the heaviest :data:`MAX_OWN_UNITS`) are alone; the others
+    share ``bins`` equal bins of ``log(p/q)`` over the class, each split by quarter octaves of the token's
+    *slack* :math:`s = \mathrm{gap}_k - \min \mathrm{gap}` (the smaller of its two prefixes). A target that
+    moves the prefix excess :math:`E(k) = r^*(T_k) - p(T_k)` by ``d`` stays in the race polytope while
+    :math:`E(k) \ge -s_k`; a unit whose slack varies by a factor :math:`2^{1/4}` moves it by less than about a
+    fifth of the local slack, so units near a nearly tight prefix get finer (reference note, section 5:
+    "never let a unit straddle a nearly tight prefix").
+    """
+    size = ps.shape[0]
+    labels = np.full(size, -1, dtype=np.int64)
+    heavy = np.flatnonzero(np.maximum(ps, qs) >= OWN_UNIT_MASS)
+    if heavy.size > MAX_OWN_UNITS:
+        heavy = heavy[np.argsort(-np.maximum(ps[heavy], qs[heavy]))[:MAX_OWN_UNITS]]
+    labels[heavy] = np.arange(heavy.size)
+    light = np.flatnonzero(labels < 0)
+    if light.size:
+        with np.errstate(divide="ignore"):
+            log_ratio = np.log(ps[light] / qs[light])
+        finite = np.isfinite(log_ratio)
+        low = log_ratio[finite].min() if finite.any() else 0.0
+        high = log_ratio[finite].max() if finite.any() else 0.0
+        edges = np.linspace(low, high, bins + 1)[1:-1]
+        ratio_bin = np.where(finite, np.searchsorted(edges, log_ratio) + 1, 0)
+        octave = np.floor(4.0 * np.log2(np.maximum(slack[light], TIGHT) / TIGHT)).astype(np.int64)
+        labels[light] = heavy.size + ratio_bin * 512 + np.minimum(octave, 511)
+    _, labels = np.unique(labels, return_inverse=True)
+    return labels
+
+
+def _fit_class(ps, qs, slack, lower: float, mass: float, n: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    r"""Marginal ``r`` and log-weights of one class of at least two tokens (tokens in increasing ``p/q``).
+
+    Targets: the water-filled :math:`r^* = \min(p, c q)` when ``mass <= p(C)`` (``above``), else
+    :math:`\max(p, c q)`; each token is its own unit in classes of at most :data:`MAX_OWN_UNITS` tokens. In
+    larger classes a unit (:func:`_units`) gets the target :math:`\rho_u Q_u` with
+    :math:`\rho_u = \min(m_u, c')`, :math:`m_u` the smallest ratio in the unit and :math:`c'` refilled at unit
+    level, which keeps :math:`r \le p` on every token (mirror image below: largest ratio, ``max``); units at
+    the level :math:`c'` are merged. When no level reaches ``mass`` (:math:`\alpha^*` close to 1 leaves too
+    little room) the unit targets fall back to the unit sums of :math:`r^*`, a feasible point whose acceptance
+    loss is the reported shortfall.
+    """
+    ratio = ps / qs
+    above = mass <= ps.sum()
+    size = ps.shape[0]
+    if size <= MAX_OWN_UNITS:
+        level = _fill_level(ratio, qs, mass, above)
+        unit_target = np.minimum(ps, level * qs) if above else np.maximum(ps, level * qs)
+        labels, unit_q = np.arange(size), qs
+    else:
+        labels = _units(ps, qs, slack, bins)
+        unit_q = np.bincount(labels, weights=qs)
+        extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
+        (np.minimum if above else np.maximum).at(extreme, labels, ratio)
+        order = np.argsort(extreme)
+        level = _fill_level(extreme[order], unit_q[order], mass, above)
+        if np.isfinite(level):
+            bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
+            at_level = extreme >= level if above else extreme <= level
+            _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
+            unit_target = np.bincount(relabel, weights=bound * unit_q)
+            labels = relabel[labels]
+            unit_q = np.bincount(labels, weights=qs)
+        else:
+            level = _fill_level(ratio, qs, mass, above)
+            target = np.minimum(ps, level * qs) if above else np.maximum(ps, level * qs)
+            unit_target = np.bincount(labels, weights=target)
+    # Positive targets summing to the class mass, so that the weights stay finite.
+    unit_target = np.maximum(unit_target, 1e-300)
+    unit_target *= mass / unit_target.sum()
+    log_weights = fit_log_weights(lower, unit_q, unit_target, n)
+    unit_r = race_marginal(lower, unit_q, log_weights, n)
+    unit_r *= mass / unit_r.sum()  # the exact marginal sums to mass; removes the common-mode quadrature error
+    return qs * (unit_r / unit_q)[labels], log_weights[labels]
