@@ -40,7 +40,7 @@ LOW, HIGH = -42.0, 4.0
 #: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
 TOLERANCE = 1e-14
 #: Newton iterations at most, backtracking halvings per iteration at most, and the largest step in ``lambda``.
-MAX_ITERATIONS, MAX_HALVINGS, MAX_STEP = 40, 8, 8.0
+MAX_ITERATIONS, MAX_HALVINGS, MAX_STEP = 60, 12, 8.0
 
 
 def _nodes(log_weights: np.ndarray) -> np.ndarray:
@@ -92,47 +92,74 @@ def _bradley_terry(lower, masses, log_weights, jacobian):
     return r, np.diag(cross.sum(axis=1)) - cross
 
 
+def race_potential(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: int) -> float:
+    r""":math:`E[\log \sum_{i \in C} w(X_i);\ C \text{ on top}]`, whose gradient in :math:`\lambda` is ``r``.
+
+    Frullani form :math:`\int_0^\infty [R e^{-t} - (\varphi(t)^n - x^n)]\, dt/t` with
+    :math:`R = (x + Q_C)^n - x^n` (``n = 2``: :math:`\sum_{u,v} Q_u Q_v \log(w_u + w_v) + 2x \sum_u Q_u
+    \lambda_u`).
+    """
+    if n == 2:
+        pair = np.logaddexp(log_weights[:, None], log_weights[None, :])
+        return float(masses @ pair @ masses + 2.0 * lower * (masses @ log_weights))
+    t = _nodes(np.r_[log_weights, 0.0])
+    phi = lower + np.exp(-t[:, None] * np.exp(log_weights)[None, :]) @ masses
+    total = (lower + masses.sum()) ** n - lower**n
+    return float(STEP * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
+
+
 def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int) -> np.ndarray:
     r"""Log-weights whose race marginal is (as close as Newton gets to) ``target``, for one class.
 
-    ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Starts from :math:`\lambda_u = \ln(r^*_u / Q_u)` and takes
-    damped Newton steps on :math:`\Psi` (the gradient :math:`r - r^*` sums to zero and the Hessian has the null
-    vector ``1``, fixed by adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm and
-    halved until :math:`\|r - r^*\|_1` decreases. Returns the best log-weights seen.
+    ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Minimises the convex :math:`\Psi(\lambda) =`
+    :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` by Newton
+    steps (the gradient :math:`r - r^*` sums to zero and the Hessian has the null vector ``1``, fixed by
+    adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm and halved until
+    :math:`\Psi` or :math:`\|r - r^*\|_1` decreases (the second guards the round-off floor of
+    :math:`\Psi`). Returns the log-weights with the smallest :math:`\|r - r^*\|_1` seen.
     """
     units = masses.shape[0]
     log_weights = np.log(target / masses)
     log_weights -= log_weights.max()
     if units == 1:
         return log_weights
-    r, hessian = race_marginal(lower, masses, log_weights, n, jacobian=True)
-    error = np.abs(r - target).sum()
+
+    def evaluate(lw):
+        r, hessian = race_marginal(lower, masses, lw, n, jacobian=True)
+        return r, hessian, np.abs(r - target).sum(), race_potential(lower, masses, lw, n) - target @ lw
+
+    r, hessian, error, psi = evaluate(log_weights)
+    best = (error, log_weights)
     for _ in range(MAX_ITERATIONS):
         if error <= TOLERANCE:
             break
-        scale = max(float(np.abs(np.diag(hessian)).mean()), 1e-300)
+        # Jacobi-scaled Newton system (units' masses span up to 1e18), the null vector 1 fixed by a rank-one
+        # term; each coordinate of the step clipped on its own, so tiny units cannot shrink the others' steps.
+        diagonal = np.maximum(np.abs(np.diag(hessian)), 1e-300)
+        root = np.sqrt(diagonal)
+        scaled = hessian / root[:, None] / root[None, :]
+        null = root / np.linalg.norm(root)  # the null vector 1 of the Hessian, in scaled coordinates
         try:
-            step = np.linalg.solve(hessian + scale / units, target - r)
+            step = np.linalg.solve(scaled + np.outer(null, null), (target - r) / root) / root
         except np.linalg.LinAlgError:
             step = np.linalg.lstsq(hessian, target - r, rcond=None)[0]
         step -= step.mean()
-        largest = np.abs(step).max()
-        if not np.isfinite(largest):
+        if not np.all(np.isfinite(step)):
             break
-        if largest > MAX_STEP:
-            step *= MAX_STEP / largest
+        step = np.clip(step, -MAX_STEP, MAX_STEP)
         for _ in range(MAX_HALVINGS):
             trial = log_weights + step
             trial -= trial.max()
-            trial_r, trial_hessian = race_marginal(lower, masses, trial, n, jacobian=True)
-            trial_error = np.abs(trial_r - target).sum()
-            if trial_error < error:
+            trial_r, trial_hessian, trial_error, trial_psi = evaluate(trial)
+            if trial_psi < psi or trial_error < error:
                 break
             step *= 0.5
         else:
             break
         stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
-        log_weights, r, hessian, error = trial, trial_r, trial_hessian, trial_error
+        log_weights, r, hessian, error, psi = trial, trial_r, trial_hessian, trial_error, trial_psi
+        if error < best[0]:
+            best = (error, log_weights)
         if stalled:
             break
-    return log_weights
+    return best[1]
