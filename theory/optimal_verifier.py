@@ -182,10 +182,13 @@ class OptimalVerifier:
         np.add.at(out, index, chosen * accept)
         return out.reshape(*self.batch_shape, *extra, vocab)
 
-    def sample(self, drafts, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, drafts, rng: np.random.Generator, *, return_selected: bool = False):
         """Run the verifier once per draft tuple with explicit coin flips; returns the output tokens.
 
-        ``drafts`` is ``(*batch, n)`` (returns ``batch``-shaped ints) or ``(*batch, M, n)`` (``(*batch, M)``).
+        The race is run as a categorical draw with probabilities :meth:`selection` (the law of the first
+        exponential clock to ring), then the accept coin, then a residual draw on rejection. ``drafts`` is
+        ``(*batch, n)`` (returns ``batch``-shaped ints) or ``(*batch, M, n)`` (``(*batch, M)``); with
+        ``return_selected`` also the selected draft token of each tuple (its law is ``marginal``).
         """
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng must be a numpy.random.Generator, got {rng!r}")
@@ -204,8 +207,8 @@ class OptimalVerifier:
             [np.searchsorted(c, vr, side="right") for c, vr in zip(residual_cdf, v, strict=True)]
         )
         fallback = np.minimum(fallback.reshape(rows, count), vocab - 1)
-        out = np.where(keep, selected, fallback)
-        return out.reshape(*self.batch_shape, *extra)
+        out = np.where(keep, selected, fallback).reshape(*self.batch_shape, *extra)
+        return (out, selected.reshape(out.shape)) if return_selected else out
 
 
 def optimal_verifier(p, q, n: int) -> OptimalVerifier:

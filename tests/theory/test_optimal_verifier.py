@@ -1,0 +1,308 @@
+"""The run-time optimal verifier: exact output law, acceptance = alpha*, exact selection marginal.
+
+Oracles re-derived here, not taken from the implementation:
+
+* the output law and the selection marginal by enumerating every i.i.d. draft tuple (``enumerate_drafts``)
+  and weighting ``.conditional`` / ``.selection`` by the tuple probabilities;
+* alpha* by brute force over all 2^V token sets, and by ``optimal_acceptance(..., draft="iid")``;
+* the acceptance P(output in drafts) summed from ``.conditional``;
+* Monte Carlo of ``.sample`` (coin flips, not draws from ``.conditional``) on real SmolLM2 pairs with fixed
+  seeds, against ``.marginal`` and ``p``, with a perturbed-law negative control.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.goodness_of_fit import law_p_value
+from theory import check_lossless, optimal_acceptance, optimal_verifier, strategies
+from theory.draft_laws import enumerate_drafts
+
+module = importlib.import_module("theory.optimal_verifier")
+DATA = Path(__file__).parent / "data" / "smollm2_pairs.npz"
+
+
+def _normalised(weights) -> np.ndarray:
+    weights = np.asarray(weights, dtype=np.float64)
+    return weights / weights.sum()
+
+
+@st.composite
+def degenerate_pairs(draw):
+    """The families that break verifiers (issue #9): one-hot p or q, disjoint supports, q ~ 1e-18, p = q,
+    peaked q (q_max = 1 - 2.5e-7, max p/q ~ 1e20), alpha* = 1 with a tight set, ties, and n above the
+    draft's support."""
+    vocab = draw(st.integers(2, 7))
+    kind = draw(
+        st.sampled_from(
+            [
+                "one_hot_p",
+                "one_hot_q",
+                "disjoint",
+                "tiny_q",
+                "equal",
+                "peaked",
+                "tight",
+                "ties",
+                "small_support",
+            ]
+        )
+    )
+    base = draw(strategies.distribution_pairs(vocab_size=vocab, min_probability=0.0))
+    p, q = base
+    index = draw(st.integers(0, vocab - 1))
+    if kind == "one_hot_p":
+        p = np.eye(vocab)[index]
+    elif kind == "one_hot_q":
+        q = np.eye(vocab)[index]
+    elif kind == "disjoint":
+        split = draw(st.integers(1, vocab - 1))
+        p = _normalised(np.r_[np.ones(split), np.zeros(vocab - split)] * (0.1 + p))
+        q = _normalised(np.r_[np.zeros(split), np.ones(vocab - split)] * (0.1 + q))
+    elif kind == "tiny_q":
+        q = q.copy()
+        q[index] = 1e-18
+        q = _normalised(q)
+    elif kind == "equal":
+        q = p.copy()
+    elif kind == "peaked":
+        q = np.full(vocab, 2.5e-7 / (vocab - 1))
+        q[index] = 1.0 - 2.5e-7
+        p = _normalised(0.05 + p)
+        p[index] = 1e-20
+        p = _normalised(p)
+    elif kind == "tight":  # p(H) = q(H)^n for H = the first k tokens: alpha* = 1 with a tight set
+        q = _normalised(0.05 + q)
+        k = draw(st.integers(1, vocab - 1))
+        n = draw(st.integers(2, 4))
+        mass = q[:k].sum()
+        head = q[:k] / mass * mass**n
+        tail = _normalised(0.05 + p[k:]) * (1.0 - mass**n)
+        return np.r_[head, tail], q, n
+    elif kind == "ties":
+        q = _normalised(np.round(4 * q) + (np.round(4 * q).sum() == 0))
+        p = _normalised(np.round(3 * p) + (np.round(3 * p).sum() == 0))
+    else:  # small_support: more drafts than tokens with q > 0
+        q = np.eye(vocab)[index] * 0.7 + np.eye(vocab)[(index + 1) % vocab] * 0.3
+    return p, q, draw(st.integers(1, 5))
+
+
+@st.composite
+def cases(draw):
+    """Random pairs (V <= 7) and degenerate families, with n <= 5 and V^n kept enumerable."""
+    if draw(st.booleans()):
+        p, q, n = draw(degenerate_pairs())
+    else:
+        p, q = draw(strategies.distribution_pairs(vocab_size=st.integers(1, 7), min_probability=0.0))
+        n = draw(st.integers(1, 5))
+    support = int(np.count_nonzero(q))
+    while n > 1 and support**n > 3000:
+        n -= 1
+    return p, q, n
+
+
+def enumerated(v, q, n):
+    """Output law, selection marginal and acceptance of a built verifier, by enumerating draft tuples."""
+    tuples, probabilities = enumerate_drafts(q, n)
+    conditional = v.conditional(tuples)
+    selection = np.zeros(q.shape[-1])
+    np.add.at(selection, tuples, probabilities[:, None] * v.selection(tuples))
+    in_drafts = np.zeros_like(conditional, dtype=bool)
+    np.put_along_axis(in_drafts, tuples, True, axis=1)
+    acceptance = float(probabilities @ np.sum(conditional * in_drafts, axis=1))
+    return probabilities @ conditional, selection, acceptance
+
+
+def brute_force_optimum(p, q, n):
+    """alpha* = 1 + min over all 2^V token sets H of p(H) - q(H)^n."""
+    vocab = p.shape[-1]
+    sets = (np.arange(2**vocab)[:, None] >> np.arange(vocab)) & 1
+    return float(1.0 + np.min(sets @ p - (sets @ q) ** n))
+
+
+@given(cases())
+def test_output_law_equals_target_by_enumeration(case):
+    p, q, n = case
+    v = optimal_verifier(p, q, n)
+    output, _, _ = enumerated(v, q, n)
+    np.testing.assert_allclose(output, p / p.sum(), rtol=0, atol=1e-12)
+
+
+@given(cases())
+def test_acceptance_reaches_the_optimum(case):
+    p, q, n = case
+    v = optimal_verifier(p, q, n)
+    _, _, acceptance = enumerated(v, q, n)
+    alpha = optimal_acceptance(p, q, n, draft="iid")
+    assert abs(v.acceptance - alpha) <= 1e-9
+    assert abs(acceptance - v.acceptance) <= 1e-12  # the exact route agrees with sum min(p, r)
+    assert abs(v.alpha_star - brute_force_optimum(p, q, n)) <= 1e-12
+    assert 0.0 <= v.shortfall <= 1e-9
+    assert v.shortfall == pytest.approx(max(v.alpha_star - v.acceptance, 0.0), abs=1e-15)
+
+
+@given(cases())
+def test_marginal_equals_the_enumerated_selection_marginal(case):
+    p, q, n = case
+    v = optimal_verifier(p, q, n)
+    _, selection, _ = enumerated(v, q, n)
+    np.testing.assert_allclose(v.marginal, selection, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(v.acceptance, np.minimum(p / p.sum(), v.marginal).sum(), atol=1e-15)
+
+
+def perturbed(v, q, delta=1e-6):
+    """A copy whose accept probabilities and residual are computed against r + delta (e_a - e_b), and ``a``.
+
+    ``a`` is the drafted token with 0 < p(a) < r(a) of largest p(a)/r(a) (None if there is none), ``b`` the
+    token of largest r among the others. The copy accepts ``a`` with probability p(a)/(r(a) + delta) and its
+    residual has no mass on ``a``, so its output law at ``a`` is p(a) r(a)/(r(a) + delta): off by about
+    delta p(a)/r(a).
+    """
+    r = v.marginal.copy()
+    candidates = np.flatnonzero((q > 0) & (v.p > 0) & (v.p < r - delta))
+    if candidates.size == 0:
+        return None, None
+    a = candidates[np.argmax(v.p[candidates] / r[candidates])]
+    others = np.flatnonzero(np.arange(r.shape[-1]) != a)
+    b = others[np.argmax(r[others])]
+    r[a] += delta
+    r[b] -= delta
+    copy = object.__new__(type(v))
+    copy.__dict__.update(v.__dict__)
+    copy.accept_probability = np.where(r > 0, np.minimum(1.0, v.p / np.where(r > 0, r, 1.0)), 1.0)
+    excess = np.maximum(v.p - r, 0.0)
+    copy.residual = excess / excess.sum() if excess.sum() > 0 else v.p
+    return copy, a
+
+
+@given(cases())
+def test_check_lossless_passes_it_and_flags_a_perturbed_marginal(case):
+    p, q, n = case
+    v = optimal_verifier(p, q, n)
+    report = check_lossless(lambda p_, q_, drafts: v.conditional(drafts), p, q, n)
+    assert report.lossless, str(report)
+    copy, a = perturbed(v, q)
+    if copy is not None and v.p[a] >= 1e-2 * v.marginal[a]:
+        bad = check_lossless(lambda p_, q_, drafts: copy.conditional(drafts), p, q, n)
+        assert not bad.lossless, str(bad)
+        assert bad.max_error >= 0.5e-6 * v.p[a] / v.marginal[a]
+
+
+def test_batched_build_matches_row_by_row():
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.ones(6), size=(2, 3)), rng.dirichlet(np.ones(6), size=(2, 3))
+    batch = optimal_verifier(p, q, 3)
+    assert batch.marginal.shape == (2, 3, 6) and np.shape(batch.acceptance) == (2, 3)
+    drafts = rng.integers(0, 6, size=(2, 3, 4, 3))
+    conditional = batch.conditional(drafts)
+    for i in range(2):
+        for j in range(3):
+            single = optimal_verifier(p[i, j], q[i, j], 3)
+            np.testing.assert_allclose(batch.marginal[i, j], single.marginal, atol=1e-15)
+            np.testing.assert_allclose(conditional[i, j], single.conditional(drafts[i, j]), atol=1e-15)
+    assert batch.sample(drafts, np.random.default_rng(1)).shape == (2, 3, 4)
+
+
+def test_bad_input_is_rejected_with_the_argument_named():
+    v = optimal_verifier([0.5, 0.5], [0.5, 0.5], 2)
+    with pytest.raises(ValueError, match="n must be"):
+        optimal_verifier([0.5, 0.5], [0.5, 0.5], 0)
+    with pytest.raises(ValueError, match="p contains negative"):
+        optimal_verifier([1.5, -0.5], [0.5, 0.5], 2)
+    with pytest.raises(ValueError, match="drafts must hold n = 2"):
+        v.conditional([0, 1, 1])
+    with pytest.raises(ValueError, match="token ids"):
+        v.conditional([0, 2])
+    with pytest.raises(ValueError, match="q = 0"):
+        optimal_verifier([0.5, 0.5], [1.0, 0.0], 2).conditional([0, 1])
+    with pytest.raises(ValueError, match="rng"):
+        v.sample([0, 1], rng=0)
+
+
+def test_lm_sized_pairs_reach_alpha_star():
+    """A peaked V = 4096 pair (max p/q ~ 1e20, q_max = 1 - 2.5e-7) and a heavy-tailed one build and reach
+    alpha* of the sort-based reference; the marginal sums to 1 and respects the class structure."""
+    rng = np.random.default_rng(3)
+    vocab = 4096
+    logits = 3.0 * rng.standard_normal(vocab)
+    p = _normalised(np.exp(logits - logits.max()))
+    q = np.full(vocab, 2.5e-7 / (vocab - 1)) * _normalised(rng.random(vocab)) * vocab
+    q[np.argmin(p)] = 0.0
+    q = q / q.sum() * 2.5e-7
+    q[np.argmin(p)] = 1.0 - 2.5e-7
+    noisy = _normalised(np.exp((logits + 1.5 * rng.standard_normal(vocab)) / 0.7))
+    for target, draft in ((p, q), (p, noisy)):
+        for n in (2, 4, 8):
+            v = optimal_verifier(target, draft, n)
+            assert abs(v.alpha_star - optimal_acceptance(target, draft, n)) <= 1e-12
+            assert v.shortfall <= 1e-9
+            assert abs(v.marginal.sum() - 1.0) <= 1e-12
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Monte Carlo on real SmolLM2 pairs (top 24 tokens of p and q plus each side's rest; see experiments.real_pairs)
+
+STEPS = 100_000
+THRESHOLD = 1e-3  # p-values below this fail; 16 checks at fixed seeds
+
+
+def real_pairs():
+    data = np.load(DATA)
+    return [(data["p"][i], data["q"][i]) for i in (1, 3, 5, 7)]
+
+
+@pytest.mark.parametrize("pair_index", range(4))
+@pytest.mark.parametrize("n", [2, 4])
+def test_monte_carlo_selection_and_output_follow_r_and_p(pair_index, n):
+    p, q = real_pairs()[pair_index]
+    v = optimal_verifier(p, q, n)
+    assert v.shortfall <= 1e-12
+    rng = np.random.default_rng(1000 * pair_index + n)
+    drafts = rng.choice(q.shape[-1], size=(STEPS, n), p=q)
+    tokens, selected = v.sample(drafts, rng, return_selected=True)
+    vocab = q.shape[-1]
+    assert law_p_value(np.bincount(selected, minlength=vocab), v.marginal) > THRESHOLD
+    assert law_p_value(np.bincount(tokens, minlength=vocab), p) > THRESHOLD
+    accepted = np.any(drafts == tokens[:, None], axis=1).mean()
+    assert abs(accepted - v.acceptance) < 5 * np.sqrt(v.acceptance * (1 - v.acceptance) / STEPS) + 1e-12
+
+
+def test_monte_carlo_negative_control_detects_a_perturbed_law():
+    """The same test rejects the counts when the law is off by 2e-2 on the most likely token."""
+    p, q = real_pairs()[3]
+    v = optimal_verifier(p, q, 2)
+    rng = np.random.default_rng(7)
+    drafts = rng.choice(q.shape[-1], size=(STEPS, 2), p=q)
+    tokens, selected = v.sample(drafts, rng, return_selected=True)
+    top = int(np.argmax(p))
+    wrong_p = p.copy()
+    wrong_p[top] -= 2e-2
+    wrong_p[np.argsort(p)[-2]] += 2e-2
+    wrong_r = v.marginal.copy()
+    wrong_r[int(np.argmax(wrong_r))] -= 2e-2
+    wrong_r[np.argsort(v.marginal)[-2]] += 2e-2
+    assert law_p_value(np.bincount(tokens, minlength=p.shape[-1]), wrong_p) < 1e-6
+    assert law_p_value(np.bincount(selected, minlength=p.shape[-1]), wrong_r) < 1e-6
+
+
+def test_quadrature_matches_the_bradley_terry_closed_form():
+    """n = 2 has the closed form; the quadrature (used for n >= 3) must agree with it to round-off."""
+    race = importlib.import_module("theory._race")
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        units = int(rng.integers(2, 40))
+        masses = _normalised(rng.random(units) ** 4) * rng.uniform(0.1, 1.0)
+        lower = float(rng.uniform(0.0, 1.0 - masses.sum()))
+        log_weights = 10.0 * rng.standard_normal(units)
+        closed = race.race_marginal(lower, masses, log_weights, 2)
+        nodes = race._nodes(log_weights)[None, :]
+        clock = np.exp(log_weights)[:, None] * nodes
+        phi = lower + masses @ np.exp(-clock)
+        quadrature = 2 * masses * race.STEP * (clock * np.exp(-clock) * phi[None, :]).sum(axis=1)
+        np.testing.assert_allclose(quadrature, closed, rtol=1e-15, atol=1e-16)
