@@ -1,0 +1,154 @@
+"""Benchmark: the run-time optimal verifier on real SmolLM2 pairs (V = 49152) and synthetic pairs (V = 151936).
+
+Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH]``. For every pair and
+``n`` in 2, 4, 8 it builds :func:`theory.optimal_verifier` and records the build time, the shortfall to
+:math:`\\alpha^*` and, on the same pair, the exact acceptance of RRS, K-SEQ and (``n = 2``) SpecHub (its own
+hub draft law). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
+that sorts by ratio), interleaved, so that the ratio survives a loaded machine. Real pairs are logged by the
+executor (:func:`experiments.real_pairs.log_pairs`: multi-draft decoder, untrained early-exit drafter at
+layer 15, T = 0.7 and 1) and cached under ``--pairs-dir`` (resumable). Prints a table and writes JSON
+atomically; the recorded results are in ``docs/benchmarks/optimal_verifier.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from theory import optimal_verifier, verifier
+
+DRAFTS = (2, 4, 8)
+SYNTHETIC_VOCAB = 151936
+SEED = 20251123
+
+
+def synthetic_pairs(rng: np.random.Generator, count: int, vocab: int, temperature: float):
+    """Gaussian logits (scale 3) at ``temperature``; the draft's logits are the target's plus noise (scale 1.5)."""
+    for _ in range(count):
+        logits = 3.0 * rng.standard_normal(vocab)
+        draft = logits + 1.5 * rng.standard_normal(vocab)
+        p = np.exp((logits - logits.max()) / temperature)
+        q = np.exp((draft - draft.max()) / temperature)
+        yield p / p.sum(), q / q.sum()
+
+
+def real_pairs(directory: Path, temperature: float, steps: int):
+    """Logged (p, q) at every drafted position, cached in ``directory`` (written atomically)."""
+    path = directory / f"smollm2_T{temperature}_steps{steps}.npz"
+    if not path.exists():
+        from experiments.real_pairs import log_pairs
+
+        p, q = log_pairs(temperature, steps=steps)
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=directory, suffix=".npz")
+        os.close(handle)
+        np.savez(temporary, p=p, q=q)
+        os.replace(temporary, path)
+    data = np.load(path)
+    return list(zip(data["p"], data["q"], strict=True))
+
+
+def measure(p: np.ndarray, q: np.ndarray, n: int) -> dict:
+    """Build time and argsort time (interleaved), shortfall, alpha* and the baselines' acceptance."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = p / q
+    start = time.perf_counter()
+    np.argsort(ratio)
+    sort_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    built = optimal_verifier(p, q, n)
+    build_seconds = time.perf_counter() - start
+    row = {
+        "n": n,
+        "build_ms": 1e3 * build_seconds,
+        "argsort_ms": 1e3 * sort_seconds,
+        "alpha_star": built.alpha_star,
+        "acceptance": built.acceptance,
+        "shortfall": built.shortfall,
+        "rrs": float(verifier("rrs").acceptance(p, q, n)),
+        "kseq": float(verifier("kseq").acceptance(p, q, n)),
+    }
+    if n == 2:
+        row["spechub"] = float(verifier("spechub").acceptance(p, q, 2))
+    return row
+
+
+def summarise(rows: list[dict]) -> dict:
+    build = np.array([r["build_ms"] for r in rows])
+    ratio = build / np.array([r["argsort_ms"] for r in rows])
+    shortfall = np.array([r["shortfall"] for r in rows])
+    alpha = np.array([r["alpha_star"] for r in rows])
+    out = {
+        "pairs": len(rows),
+        "build_ms_median": float(np.median(build)),
+        "build_ms_p99": float(np.percentile(build, 99)),
+        "build_over_argsort_median": float(np.median(ratio)),
+        "build_over_argsort_p99": float(np.percentile(ratio, 99)),
+        "shortfall_max": float(shortfall.max()),
+        "shortfall_median": float(np.median(shortfall)),
+        "alpha_star_mean": float(alpha.mean()),
+    }
+    for name in ("rrs", "kseq", "spechub"):
+        if name in rows[0]:
+            gap = alpha - np.array([r[name] for r in rows])
+            out[f"{name}_gap_mean"] = float(gap.mean())
+            out[f"{name}_gap_max"] = float(gap.max())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few pairs per case")
+    parser.add_argument("--pairs-dir", type=Path, default=Path("bench_pairs"), help="cache of logged pairs")
+    parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt when logging real pairs")
+    parser.add_argument("--synthetic", type=int, default=20, help="synthetic pairs per temperature")
+    parser.add_argument("--out", type=Path, default=Path("bench_optimal_verifier.json"))
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.synthetic < 1:
+        parser.error("--steps and --synthetic must be at least 1")
+    rng = np.random.default_rng(SEED)
+    cases = {}
+    for temperature in (0.7, 1.0):
+        pairs = real_pairs(args.pairs_dir, temperature, args.steps)
+        cases[f"SmolLM2 early-exit, T = {temperature}"] = pairs[:4] if args.quick else pairs
+    for temperature in (0.7, 1.0):
+        count = 2 if args.quick else args.synthetic
+        cases[f"synthetic V = {SYNTHETIC_VOCAB}, T = {temperature}"] = list(
+            synthetic_pairs(rng, count, SYNTHETIC_VOCAB, temperature)
+        )
+    results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}}
+    for label, pairs in cases.items():
+        for n in DRAFTS:
+            rows = [measure(p, q, n) for p, q in tqdm(pairs, desc=f"{label}, n = {n}", leave=False)]
+            results["cases"][f"{label}, n = {n}"] = {"summary": summarise(rows), "rows": rows}
+    header = (
+        f"{'case':<44} {'build ms med/p99':>17} {'x argsort':>10} {'shortfall max/med':>19} "
+        f"{'alpha*':>7} {'RRS gap':>8} {'K-SEQ gap':>9} {'SpecHub':>8}"
+    )
+    print(header)
+    for label, entry in results["cases"].items():
+        s = entry["summary"]
+        spechub = f"{s['spechub_gap_mean']:.4f}" if "spechub_gap_mean" in s else ""
+        print(
+            f"{label:<44} {s['build_ms_median']:>8.1f}/{s['build_ms_p99']:<8.1f} "
+            f"{s['build_over_argsort_median']:>10.1f} {s['shortfall_max']:>9.1e}/{s['shortfall_median']:<9.1e} "
+            f"{s['alpha_star_mean']:>7.4f} {s['rrs_gap_mean']:>8.4f} {s['kseq_gap_mean']:>9.4f} {spechub:>8}"
+        )
+    handle, temporary = tempfile.mkstemp(dir=args.out.parent if str(args.out.parent) else ".", suffix=".json")
+    with os.fdopen(handle, "w") as file:
+        json.dump(results, file, indent=1)
+    os.replace(temporary, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
