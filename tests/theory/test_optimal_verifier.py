@@ -306,3 +306,17 @@ def test_quadrature_matches_the_bradley_terry_closed_form():
         phi = lower + masses @ np.exp(-clock)
         quadrature = 2 * masses * race.STEP * (clock * np.exp(-clock) * phi[None, :]).sum(axis=1)
         np.testing.assert_allclose(quadrature, closed, rtol=1e-15, atol=1e-16)
+
+
+def test_verifier_optimal_is_the_run_time_construction_and_the_lp_stays_an_oracle():
+    from theory import verifier
+
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5])
+    runtime, oracle = verifier("optimal"), verifier("optimal", method="lp")
+    assert type(runtime).__name__ == "RuntimeOptimalVerifier" and runtime.draft == "iid"
+    assert type(oracle).__name__ == "OptimalTransportVerifier"
+    assert runtime.acceptance(p, q, 3) == pytest.approx(oracle.acceptance(p, q, 3), abs=1e-12)
+    np.testing.assert_allclose(runtime.output_distribution(p, q, 3), p, atol=1e-12)
+    drafts, token = runtime.sample(p, q, 2, np.random.default_rng(0))
+    assert drafts.shape == (2,) and isinstance(token, int)
+    assert np.ndim(optimal_verifier(p, q, 2).sample(np.array([0, 2]), np.random.default_rng(0))) == 0

@@ -83,10 +83,12 @@ def verifier(name: str, **options) -> Verifier:
     name : str
         ``"nss"``, ``"naive"``, ``"rrs"`` (SpecInfer, i.i.d. drafts), ``"rrs_wor"`` (without replacement, draw
         order), ``"kseq"`` (SpecTr K-SEQ at the optimal division factor), ``"spechub"`` (``n = 2``),
-        ``"greedy"`` (Hu et al.'s greedy draft law) or ``"optimal"`` (the optimal-transport verifier).
+        ``"greedy"`` (Hu et al.'s greedy draft law) or ``"optimal"`` (for i.i.d. drafts the run-time
+        construction of :func:`theory.optimal_verifier`, any V; for the other laws, or with ``method="lp"``,
+        the optimal-transport LP coupling, small V).
     **options
-        Only ``"optimal"`` takes one: ``draft`` (``"iid"`` by default, or ``"wor"``, ``"greedy"``,
-        ``"spechub"``).
+        Only ``"optimal"`` takes them: ``draft`` (``"iid"`` by default, or ``"wor"``, ``"greedy"``,
+        ``"spechub"``) and ``method`` (``"auto"`` or ``"lp"``).
 
     Examples
     --------
@@ -99,6 +101,14 @@ def verifier(name: str, **options) -> Verifier:
     name = as_choice(name, "name", VERIFIERS)
     if options and not VERIFIER_TABLE[name].draft_options:
         raise ValueError(f"verifier {name!r} takes no options, got {sorted(options)}")
-    if set(options) - {"draft"}:
-        raise ValueError(f"verifier {name!r} only takes the option 'draft', got {sorted(options)}")
+    if set(options) - {"draft", "method"}:
+        raise ValueError(
+            f"verifier {name!r} only takes the options 'draft' and 'method' ('lp' for the LP oracle), "
+            f"got {sorted(options)}"
+        )
+    method = as_choice(options.pop("method", "auto"), "method", ("auto", "lp"))
+    if name == "optimal" and options.get("draft", "iid") == "iid" and method == "auto":
+        from theory.optimal_verifier import RuntimeOptimalVerifier  # i.i.d. drafts: the run-time construction
+
+        return RuntimeOptimalVerifier()
     return _CLASSES[name](**options)
