@@ -95,7 +95,7 @@ def generate(
         default :func:`executor.drafters.default_drafter`.
     verifier : str, optional
         Multi-draft / tree verifier: ``"rrs"`` (multidraft default), ``"rrs_wor"`` (tree default), ``"kseq"``,
-        ``"spechub"``, ``"greedy"``. Temperature 0 always verifies by argmax.
+        ``"spechub"``, ``"greedy"``, ``"optimal"``. Temperature 0 always verifies by argmax.
     gamma : int
         Draft length (chain) or tree depth (tree).
     n : int

@@ -24,6 +24,7 @@ Verifiers (:data:`MULTIDRAFT_VERIFIERS`; the draft law each expects is :data:`VE
 ``"kseq"``     K-SEQ of SpecTr with the optimal division factor ``rho*``.
 ``"spechub"``  SpecHub's verifier for its hub pair law (``n = 2``).
 ``"greedy"``   Hu et al.'s verifier for the greedy draft law (top ``n - 1`` of ``q`` plus one draw).
+``"optimal"``  the run-time optimal verifier for i.i.d. drafts (:mod:`executor.optimal_verification`).
 ``"argmax"``   temperature 0: the output is ``argmax p``.
 
 For all of them the acceptance event is "the output token is one of the drafts", and the returned
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
+from executor.optimal_verification import verify_optimal
 from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
 from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
 
@@ -354,6 +356,7 @@ _KERNELS = {
     "kseq": _verify_kseq,
     "spechub": _verify_spechub,
     "greedy": _verify_greedy,
+    "optimal": verify_optimal,
     "argmax": _verify_argmax,
 }
 

@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="early-exit:K | ngram | model:PATH (default early-exit at 2/3 of the layers)",
     )
     parser.add_argument(
-        "--verifier", default=None, help="rrs | rrs_wor | kseq | spechub | greedy (multidraft, tree)"
+        "--verifier",
+        default=None,
+        help="rrs | rrs_wor | kseq | spechub | greedy | optimal (multidraft, tree)",
     )
     parser.add_argument("--gamma", type=int, default=4, help="draft length (chain) or tree depth (tree)")
     parser.add_argument(

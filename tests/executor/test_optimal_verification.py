@@ -1,0 +1,156 @@
+"""The torch twin of theory.optimal_verifier: exact tables, the sampled law, and the decoders that use it.
+
+* the race's selection probabilities in torch equal the numpy build's on every enumerated draft tuple;
+* Monte Carlo of ``verify_optimal`` (fixed seeds): output frequencies against ``p`` and the joint law of
+  (drafts, output) against the numpy build's exact conditional; a copy whose ``r`` is perturbed is rejected;
+* the multi-draft and tree decoders with ``verifier="optimal"`` reproduce the exact law of the next three
+  tokens of a tiny model (G-test), a copy stepping against ``q`` instead of ``r`` is caught by the same test,
+  and greedy decoding is
+  the autoregressive argmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from executor import optimal_verification
+from executor.decoders import AutoregressiveDecoder, DynamicTree, MultiDraftDecoder, Sampling, TreeDecoder
+from executor.drafters import EarlyExitDrafter, ModelDrafter
+from executor.optimal_verification import build_tables, selection_probabilities, verify_optimal
+from tests.executor.test_decoders import (
+    P_THRESHOLD,
+    PROMPT,
+    SAMPLING,
+    exact_law,
+    flat_tiny_model,
+    g_test_p_value,
+    sample_outcomes,
+)
+from tests.goodness_of_fit import law_p_value
+from theory import optimal_verifier
+from theory.draft_laws import enumerate_drafts
+
+P = np.array([0.05, 0.3, 0.0, 0.25, 0.15, 0.25])
+Q = np.array([0.4, 0.1, 0.2, 0.05, 0.25, 0.0])
+STEPS = 40_000
+
+
+def test_torch_selection_equals_the_numpy_build_on_every_tuple():
+    for n in (1, 2, 3, 4):
+        tuples, _ = enumerate_drafts(Q, n)
+        built = optimal_verifier(P, Q, n)
+        tables = build_tables(torch.tensor(P), torch.tensor(Q), n)
+        torch_selection = selection_probabilities(
+            {k: v.expand(len(tuples), -1) for k, v in tables.items()}, torch.tensor(tuples)
+        )
+        np.testing.assert_allclose(torch_selection.numpy(), built.selection(tuples), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(tables["marginal"].numpy(), built.marginal, rtol=0, atol=0)
+
+
+def sampled(n: int, seed: int, tables=None):
+    generator = torch.Generator().manual_seed(seed)
+    p, q = torch.tensor(P).expand(STEPS, -1), torch.tensor(Q).expand(STEPS, -1)
+    drafts = torch.multinomial(q, n, replacement=True, generator=generator)
+    if tables is None:
+        tables = {k: v.expand(STEPS, -1) for k, v in build_tables(p[:1], q[:1], n).items()}
+    return drafts.numpy(), verify_optimal(p, q, drafts, generator, tables).numpy()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sampled_output_and_joint_law_match_the_exact_build(n):
+    drafts, tokens = sampled(n, seed=n)
+    assert law_p_value(np.bincount(tokens, minlength=P.size), P) > P_THRESHOLD
+    built = optimal_verifier(P, Q, n)
+    tuples, probabilities = enumerate_drafts(Q, n)
+    joint = (probabilities[:, None] * built.conditional(tuples)).ravel()
+    index = {tuple(t): i for i, t in enumerate(tuples.tolist())}
+    cells = np.array([index[tuple(d)] for d in drafts.tolist()]) * P.size + tokens
+    assert law_p_value(np.bincount(cells, minlength=joint.size), joint) > P_THRESHOLD
+    accepted = (drafts == tokens[:, None]).any(axis=1).mean()
+    assert abs(accepted - built.acceptance) < 5 * np.sqrt(built.acceptance * (1 - built.acceptance) / STEPS)
+
+
+def perturbed_tables(p: torch.Tensor, q: torch.Tensor, n: int, delta: float = 0.05):
+    """Tables whose r is moved by delta from the most selected token to the next: no longer the marginal."""
+    tables = build_tables(p, q, n)
+    r = tables["marginal"].clone()
+    order = torch.argsort(r, dim=-1, descending=True)
+    r.scatter_add_(-1, order[..., :1], torch.full_like(r[..., :1], -delta))
+    r.scatter_add_(-1, order[..., 1:2], torch.full_like(r[..., :1], delta))
+    excess = (p - r).clamp_min(0.0)
+    total = excess.sum(dim=-1, keepdim=True)
+    tables["marginal"] = r
+    tables["residual"] = torch.where(total > 0, excess / torch.where(total > 0, total, 1.0), p)
+    return tables
+
+
+def test_a_perturbed_marginal_is_caught_by_the_same_test():
+    p, q = torch.tensor(P)[None], torch.tensor(Q)[None]
+    tables = {k: v.expand(STEPS, -1) for k, v in perturbed_tables(p, q, 3).items()}
+    _, tokens = sampled(3, seed=11, tables=tables)
+    assert law_p_value(np.bincount(tokens, minlength=P.size), P) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model):
+    return flat_tiny_model(tiny_model, 3), flat_tiny_model(tiny_model, 4)
+
+
+def decoders(target, draft_model):
+    return {
+        "multidraft": MultiDraftDecoder(
+            target, ModelDrafter(draft_model), n=3, verifier="optimal", sampling=SAMPLING
+        ),
+        "tree": TreeDecoder(
+            target,
+            EarlyExitDrafter(target, 1),
+            tree=DynamicTree(budget=6, max_depth=3, branching=2),
+            verifier="optimal",
+            sampling=SAMPLING,
+        ),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["multidraft", "tree"])
+def test_decoders_with_the_optimal_verifier_reproduce_the_exact_target_law(models, kind):
+    target, draft_model = models
+    law = exact_law(target, SAMPLING)
+    assert g_test_p_value(sample_outcomes(decoders(target, draft_model)[kind], seed=21), law) > P_THRESHOLD
+
+
+def wrong_marginal_tables(p: torch.Tensor, q: torch.Tensor, n: int):
+    """Tables that run the single-draft step against q instead of the race's marginal r (a plausible bug)."""
+    tables = build_tables(p, q, n)
+    excess = (p - q).clamp_min(0.0)
+    total = excess.sum(dim=-1, keepdim=True)
+    tables["marginal"] = q.to(torch.float64)
+    tables["residual"] = torch.where(total > 0, excess / torch.where(total > 0, total, 1.0), p)
+    return tables
+
+
+@pytest.mark.slow
+def test_the_law_test_rejects_decoding_with_a_wrong_marginal(models, monkeypatch):
+    target, draft_model = models
+    monkeypatch.setattr(optimal_verification, "build_tables", wrong_marginal_tables)
+    law = exact_law(target, SAMPLING)
+    outcomes = sample_outcomes(decoders(target, draft_model)["multidraft"], seed=22)
+    assert g_test_p_value(outcomes, law) < 1e-6
+
+
+def test_greedy_decoding_with_the_optimal_verifier_equals_autoregressive_argmax(models):
+    target, draft_model = models
+    greedy = Sampling(temperature=0.0)
+    generator = torch.Generator().manual_seed(0)
+    expected = (
+        AutoregressiveDecoder(target, sampling=greedy).generate(PROMPT, 12, generator=generator).token_ids
+    )
+    for decoder in (
+        MultiDraftDecoder(target, ModelDrafter(draft_model), n=3, verifier="optimal", sampling=greedy),
+        TreeDecoder(
+            target, ModelDrafter(draft_model), tree=[-1, 0, 0, 1, 1], verifier="optimal", sampling=greedy
+        ),
+    ):
+        assert decoder.generate(PROMPT, 12, generator=generator).token_ids == expected
