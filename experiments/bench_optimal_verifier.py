@@ -104,6 +104,52 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def end_to_end(prompts, new_tokens: int, seed: int = 0) -> list[dict]:
+    """SmolLM2 decoding with ``verifier="rrs"`` and ``"optimal"`` side by side (both draw i.i.d. drafts), for the
+    multi-draft decoder (n = 4) and a dynamic tree (4 levels, 2 i.i.d. children per node): tokens per step and
+    wall time per step, runs interleaved prompt by prompt."""
+    import torch
+
+    from executor.generate import generate
+    from executor.weights import load_model
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model()
+    totals = {}
+    for index, prompt in enumerate(prompts):
+        for decoder, n, gamma in (("multidraft", 4, 1), ("tree", 2, 4)):
+            for name in ("rrs", "optimal"):
+                start = time.perf_counter()
+                result = generate(
+                    prompt,
+                    model=model,
+                    tokenizer=tokenizer,
+                    decoder=decoder,
+                    verifier=name,
+                    n=n,
+                    gamma=gamma,
+                    temperature=1.0,
+                    max_new_tokens=new_tokens,
+                    seed=seed + index,
+                    stop_at_eos=False,
+                )
+                seconds = time.perf_counter() - start
+                entry = totals.setdefault((decoder, name), {"tokens": 0, "steps": 0, "seconds": 0.0})
+                entry["tokens"] += len(result.token_ids)
+                entry["steps"] += len(result.steps)
+                entry["seconds"] += seconds
+    return [
+        {
+            "decoder": decoder,
+            "verifier": name,
+            "tau": e["tokens"] / e["steps"],
+            "ms_per_step": 1e3 * e["seconds"] / e["steps"],
+            "ms_per_token": 1e3 * e["seconds"] / e["tokens"],
+        }
+        for (decoder, name), e in totals.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few pairs per case")
@@ -111,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt when logging real pairs")
     parser.add_argument("--synthetic", type=int, default=20, help="synthetic pairs per temperature")
     parser.add_argument("--out", type=Path, default=Path("bench_optimal_verifier.json"))
+    parser.add_argument(
+        "--end-to-end", type=int, default=0, help="also decode N tokens per prompt with SmolLM2"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.synthetic < 1:
         parser.error("--steps and --synthetic must be at least 1")
@@ -142,6 +191,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['build_over_argsort_median']:>10.1f} {s['shortfall_max']:>9.1e}/{s['shortfall_median']:<9.1e} "
             f"{s['alpha_star_mean']:>7.4f} {s['rrs_gap_mean']:>8.4f} {s['kseq_gap_mean']:>9.4f} {spechub:>8}"
         )
+    if args.end_to_end:
+        from experiments.real_pairs import PROMPTS
+
+        results["end_to_end"] = end_to_end(PROMPTS, args.end_to_end)
+        for row in results["end_to_end"]:
+            print(
+                f"{row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
+                f"{row['ms_per_step']:.1f} ms/step  {row['ms_per_token']:.1f} ms/token"
+            )
+    if args.end_to_end:
+        from experiments.real_pairs import PROMPTS
+
+        results["end_to_end"] = end_to_end(PROMPTS, args.end_to_end)
+        for row in results["end_to_end"]:
+            print(
+                f"{row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
+                f"{row['ms_per_step']:.1f} ms/step  {row['ms_per_token']:.1f} ms/token"
+            )
     handle, temporary = tempfile.mkstemp(dir=args.out.parent if str(args.out.parent) else ".", suffix=".json")
     with os.fdopen(handle, "w") as file:
         json.dump(results, file, indent=1)

@@ -129,14 +129,15 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
         return log_weights
 
     def evaluate(lw):
-        r, hessian = race_marginal(lower, masses, lw, n, jacobian=True)
-        return r, hessian, np.abs(r - target).sum(), race_potential(lower, masses, lw, n) - target @ lw
+        r = race_marginal(lower, masses, lw, n)
+        return r, np.abs(r - target).sum(), race_potential(lower, masses, lw, n) - target @ lw
 
-    r, hessian, error, psi = evaluate(log_weights)
+    r, error, psi = evaluate(log_weights)
     best = (error, log_weights)
     for _ in range(MAX_ITERATIONS):
         if error <= TOLERANCE:
             break
+        hessian = race_marginal(lower, masses, log_weights, n, jacobian=True)[1]
         # Jacobi-scaled Newton system (units' masses span up to 1e18), the null vector 1 fixed by a rank-one
         # term; each coordinate of the step clipped on its own, so tiny units cannot shrink the others' steps.
         diagonal = np.maximum(np.abs(np.diag(hessian)), 1e-300)
@@ -154,14 +155,14 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
         for _ in range(MAX_HALVINGS):
             trial = log_weights + step
             trial -= trial.max()
-            trial_r, trial_hessian, trial_error, trial_psi = evaluate(trial)
+            trial_r, trial_error, trial_psi = evaluate(trial)
             if trial_psi < psi or trial_error < error:
                 break
             step *= 0.5
         else:
             break
         stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
-        log_weights, r, hessian, error, psi = trial, trial_r, trial_hessian, trial_error, trial_psi
+        log_weights, r, error, psi = trial, trial_r, trial_error, trial_psi
         if error < best[0]:
             best = (error, log_weights)
         if stalled:
