@@ -29,14 +29,19 @@ def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Te
 
     Keys: ``class_id``, ``log_weight``, ``marginal`` (``r``), ``residual``; each of shape ``p.shape``.
     """
-    built = optimal_verifier(p.detach().cpu().double().numpy(), q.detach().cpu().double().numpy(), n)
-    device = p.device
-    return {
-        "class_id": torch.as_tensor(np.asarray(built.class_id), device=device),
-        "log_weight": torch.as_tensor(np.asarray(built.log_weight), device=device),
-        "marginal": torch.as_tensor(np.asarray(built.marginal), device=device),
-        "residual": torch.as_tensor(np.asarray(built.residual), device=device),
-    }
+    flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    # A batch of one repeated pair (Monte Carlo over many steps of one position) is built once.
+    repeated = flat_p.shape[0] > 1 and bool((flat_p == flat_p[:1]).all() and (flat_q == flat_q[:1]).all())
+    if repeated:
+        flat_p, flat_q = flat_p[:1], flat_q[:1]
+    built = optimal_verifier(
+        flat_p.detach().cpu().double().numpy(), flat_q.detach().cpu().double().numpy(), n
+    )
+    tables = {}
+    for key in ("class_id", "log_weight", "marginal", "residual"):
+        value = torch.as_tensor(np.asarray(getattr(built, key)), device=p.device)
+        tables[key] = value.expand(p.reshape(-1, p.shape[-1]).shape).reshape(p.shape)
+    return tables
 
 
 def selection_probabilities(tables: dict[str, torch.Tensor], drafts: torch.Tensor) -> torch.Tensor:
