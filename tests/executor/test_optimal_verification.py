@@ -5,8 +5,7 @@
   (drafts, output) against the numpy build's exact conditional; a copy whose ``r`` is perturbed is rejected;
 * the multi-draft and tree decoders with ``verifier="optimal"`` reproduce the exact law of the next three
   tokens of a tiny model (G-test), a copy stepping against ``q`` instead of ``r`` is caught by the same test,
-  and greedy decoding is
-  the autoregressive argmax.
+  and greedy decoding is the autoregressive argmax.
 """
 
 from __future__ import annotations
