@@ -53,13 +53,23 @@ def selection_probabilities(tables: dict[str, torch.Tensor], drafts: torch.Tenso
     return torch.softmax(logs, dim=-1)
 
 
+def _accepts(uniform: torch.Tensor, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    return uniform * denominator < numerator
+
+
 def verify_optimal(
-    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator, tables=None
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator,
+    tables=None,
+    accepts=_accepts,
 ) -> torch.Tensor:
     """One verification step for i.i.d. drafts; returns the output token (shape ``drafts.shape[:-1]``).
 
     ``p``, ``q``: ``(..., V)`` float64 target and draft distributions; ``drafts``: ``(..., n)`` int64, drawn
-    i.i.d. from ``q``; ``tables``: a precomputed :func:`build_tables` (built here when ``None``).
+    i.i.d. from ``q``; ``tables``: a precomputed :func:`build_tables` (built here when ``None``); ``accepts``:
+    the accept test ``accepts(u, numerator, denominator)`` (``executor.verification`` passes its shared one).
     """
     if tables is None:
         tables = build_tables(p, q, drafts.shape[-1])
@@ -69,5 +79,5 @@ def verify_optimal(
     r = tables["marginal"].gather(-1, selected.unsqueeze(-1)).squeeze(-1)
     target = p.gather(-1, selected.unsqueeze(-1)).squeeze(-1)
     uniform = torch.rand(selected.shape, generator=generator, device=p.device, dtype=torch.float64)
-    accept = uniform * r < target
+    accept = accepts(uniform, target, r)
     return torch.where(accept, selected, _draw(tables["residual"], generator))

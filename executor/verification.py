@@ -356,7 +356,7 @@ _KERNELS = {
     "kseq": _verify_kseq,
     "spechub": _verify_spechub,
     "greedy": _verify_greedy,
-    "optimal": verify_optimal,
+    "optimal": lambda p, q, drafts, generator: verify_optimal(p, q, drafts, generator, accepts=_accepts),
     "argmax": _verify_argmax,
 }
 
