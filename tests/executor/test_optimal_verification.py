@@ -24,7 +24,7 @@ from tests.executor.test_decoders import (
     SAMPLING,
     exact_law,
     flat_tiny_model,
-    g_test_p_value,
+    outcome_p_value,
     sample_outcomes,
 )
 from tests.goodness_of_fit import law_p_value
@@ -117,7 +117,7 @@ def decoders(target, draft_model):
 def test_decoders_with_the_optimal_verifier_reproduce_the_exact_target_law(models, kind):
     target, draft_model = models
     law = exact_law(target, SAMPLING)
-    assert g_test_p_value(sample_outcomes(decoders(target, draft_model)[kind], seed=21), law) > P_THRESHOLD
+    assert outcome_p_value(sample_outcomes(decoders(target, draft_model)[kind], seed=21), law) > P_THRESHOLD
 
 
 def wrong_marginal_tables(p: torch.Tensor, q: torch.Tensor, n: int):
@@ -136,7 +136,7 @@ def test_the_law_test_rejects_decoding_with_a_wrong_marginal(models, monkeypatch
     monkeypatch.setattr(optimal_verification, "build_tables", wrong_marginal_tables)
     law = exact_law(target, SAMPLING)
     outcomes = sample_outcomes(decoders(target, draft_model)["multidraft"], seed=22)
-    assert g_test_p_value(outcomes, law) < 1e-6
+    assert outcome_p_value(outcomes, law) < 1e-6
 
 
 def test_greedy_decoding_with_the_optimal_verifier_equals_autoregressive_argmax(models):

@@ -353,7 +353,7 @@ def test_unknown_verifier_lists_valid_names():
     [
         (lambda: verifier("rrs", draft="wor"), "takes no options"),
         (lambda: verifier("optimal", draft="tree"), "draft must be one of"),
-        (lambda: verifier("optimal", rho=2), "only takes the option 'draft'"),
+        (lambda: verifier("optimal", rho=2), "only takes the options 'draft' and 'method'"),
         (lambda: verifier("rrs").acceptance(P3, Q3, 0), "n must be at least 1"),
         (lambda: verifier("rrs").acceptance(P3, Q3, 2.0), "n must be an integer"),
         (lambda: verifier("rrs").acceptance([0.5, 0.6, 0.2], Q3, 2), "p must sum to 1"),
