@@ -14,6 +14,7 @@ from executor.decoders import (
     Sampling,
     TreeDecoder,
 )
+from executor.device import resolve_dtype
 from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
 from executor.logs import GenerationResult
 from theory.checks import as_choice, as_count
@@ -62,6 +63,7 @@ def generate(
     model=None,
     tokenizer=None,
     source: str | None = None,
+    dtype: str | torch.dtype = "auto",
     chat: bool = False,
     decoder: str = "ar",
     drafter: str | None = None,
@@ -86,6 +88,10 @@ def generate(
     model, tokenizer : optional
         A loaded :class:`executor.model.Transformer` and its tokenizer; default
         :func:`executor.weights.load_model` of ``source`` (``None`` = the embedded SmolLM2-135M-Instruct).
+    dtype : str or torch.dtype
+        Precision of the loaded model: ``"float32"``, ``"bfloat16"``, a floating ``torch.dtype`` or ``"auto"``
+        (default: :func:`executor.device.default_dtype`, bfloat16 on CUDA and on CPUs with native bfloat16).
+        With ``model`` given, ``"auto"`` keeps the model's dtype and any other value must equal it.
     chat : bool
         Wrap ``prompt`` as one user message with the tokenizer's chat template.
     decoder : str
@@ -132,12 +138,19 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    explicit = not (isinstance(dtype, str) and dtype == "auto")
+    wanted = resolve_dtype(dtype, None if model is None else model.tok_embeddings.weight.device)
     if model is None:
         from executor.weights import load_model
 
-        model, tokenizer = load_model(source)
+        model, tokenizer = load_model(source, dtype=wanted)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
+    elif explicit and model.tok_embeddings.weight.dtype != wanted:
+        raise ValueError(
+            f"dtype {dtype!r} differs from the given model's {model.tok_embeddings.weight.dtype}; "
+            "convert the model or pass dtype='auto'"
+        )
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     runner = build_decoder(
         decoder,

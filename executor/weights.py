@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from executor.device import default_device, resolve_dtype
 from executor.model import ModelConfig, Transformer
 from executor.tokenizer import Tokenizer
 
@@ -308,7 +309,7 @@ def load_model(
     source: str | Path | None = None,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = "auto",
 ) -> tuple[Transformer, Tokenizer]:
     """Load a llama-family model and its tokenizer, in eval mode and without gradients.
 
@@ -319,8 +320,10 @@ def load_model(
         file; or a directory in Hugging Face layout (``config.json``, ``*.safetensors``, ``tokenizer.json``).
     device : str or torch.device, optional
         Default ``"cuda"`` when available, else ``"cpu"``.
-    dtype : torch.dtype, optional
-        A floating dtype; default float32 on the CPU and bfloat16 on CUDA.
+    dtype : str or torch.dtype
+        ``"float32"``, ``"bfloat16"``, a floating ``torch.dtype``, or ``"auto"`` (default; ``None`` too):
+        :func:`executor.device.default_dtype`, bfloat16 on CUDA and on CPUs with native bfloat16 matrix
+        products (avx512_bf16 or AMX), float32 otherwise.
 
     Returns
     -------
@@ -328,11 +331,8 @@ def load_model(
         Without a KV cache; call ``model.setup_cache(max_seq_len)`` before the first forward.
     tokenizer : Tokenizer
     """
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    device = torch.device(device) if device is not None else default_device()
+    dtype = resolve_dtype(dtype, device)
     path = _resolve_source(source)
     if path.is_dir():
         config, state = read_safetensors(path)

@@ -11,26 +11,27 @@ Rows (all greedy, same weights, same thread count, measured side by side, in tur
 * ``tree-early-exit``    -- our dynamic tree decoder with the early-exit drafter.
 
 Speed is reported as tokens/s (generated tokens / wall time, prefill included, summed over prompts) and as
-ratios to ``ar`` and ``hf-generate`` from the same run. Run::
+ratios to ``ar`` and ``hf-generate`` from the same run. Every row runs in one dtype (``--dtype``, default
+:func:`executor.device.default_dtype`), ``transformers`` included, so both ratios compare like with like. Run::
 
     python -m experiments.bench_executor [--prompts 10] [--max-new-tokens 128] [--threads N] \
-        [--out runs/bench_executor.json]
+        [--dtype float32|bfloat16] [--out runs/bench_executor.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 from tqdm import tqdm
 
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
+from executor.device import resolve_dtype, set_threads
 from executor.drafters import EarlyExitDrafter, PromptLookupDrafter
 from executor.files import write_json
 from executor.weights import load_model
-from experiments.commands import set_torch_threads
+from experiments.commands import add_dtype_argument
 from experiments.peers import load_transformers_model
 from experiments.prompts import humaneval_prompts
 
@@ -80,13 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--exit-layer", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", type=int, default=None, help="default: the cores available")
+    add_dtype_argument(parser)
     parser.add_argument("--out", default="runs/bench_executor.json")
     args = parser.parse_args(argv)
-    set_torch_threads(args.threads)
+    args.threads = set_threads(args.threads, name="--threads")
+    dtype = resolve_dtype(args.dtype, "cpu", name="--dtype")
+    args.dtype = str(dtype).removeprefix("torch.")
 
-    model, tokenizer = load_model(device="cpu", dtype=torch.float32)
-    hf_model, hf_tokenizer = load_transformers_model()
+    model, tokenizer = load_model(device="cpu", dtype=dtype)
+    hf_model, hf_tokenizer = load_transformers_model(dtype=dtype)
     runners = {
         "hf-generate": hf_runner(hf_model, hf_tokenizer, prompt_lookup=False),
         "hf-prompt-lookup": hf_runner(hf_model, hf_tokenizer, prompt_lookup=True),

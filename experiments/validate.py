@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
@@ -79,6 +79,7 @@ class ValidationConfig:
     temperature: float = 1.0
     seed: int = 0
     decoders: tuple[DecoderSpec, ...] = DEFAULT_DECODERS
+    dtype: str = "auto"  # resolved to "float32" or "bfloat16" by run_validation, before the fingerprint
 
     def fingerprint(self) -> str:
         text = json.dumps(asdict(self), sort_keys=True)
@@ -134,12 +135,14 @@ def predict_events(steps, spec: DecoderSpec) -> Evidence:
 
 def run_validation(config: ValidationConfig, out: str | os.PathLike, *, restart: bool = False, progress=True):
     """Run (or resume) a validation and write its report; returns the report dict."""
+    from executor.device import resolve_dtype
     from executor.drafters import default_drafter
     from executor.files import write_json
     from executor.weights import load_model
     from experiments.prompts import humaneval_prompts
     from experiments.validation_report import build_report
 
+    config = replace(config, dtype=str(resolve_dtype(config.dtype, name="dtype")).removeprefix("torch."))
     out = Path(out)
     manifest_path = out / "config.json"
     manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
@@ -154,7 +157,7 @@ def run_validation(config: ValidationConfig, out: str | os.PathLike, *, restart:
             stale.unlink()
     write_json(manifest, manifest_path)
 
-    model, tokenizer = load_model(config.model)
+    model, tokenizer = load_model(config.model, dtype=config.dtype)
     drafter = config.drafter or default_drafter(model)
     prompts = humaneval_prompts(config.prompts)
     units = [(spec, index) for spec in config.decoders for index in range(len(prompts))]

@@ -4,14 +4,25 @@
 def set_torch_threads(requested: int | None) -> int:
     """Set torch's CPU threads: ``requested``, or the cores this process may run on; returns the count.
 
-    Called by every command that runs a model, so thread use is a deliberate choice, the same for all of them.
+    Called by every command that runs a model, so thread use is a deliberate choice, the same for all of them
+    (:func:`executor.device.set_threads`).
     """
-    import os
+    from executor.device import set_threads
 
-    import torch
+    return set_threads(requested, name="--threads")
 
-    threads = requested if requested is not None else len(os.sched_getaffinity(0))
-    if threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)
-    return threads
+
+#: ``--dtype`` choices: :data:`executor.device.DTYPE_NAMES`, repeated so that building the parser does not
+#: import torch (a test checks that the two agree).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+
+
+def add_dtype_argument(parser) -> None:
+    """``--dtype auto|float32|bfloat16`` for a command that runs a model (see :mod:`executor.device`)."""
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="weights and activations: auto (default) = bfloat16 on CUDA and on CPUs with native bfloat16 "
+        "(avx512_bf16 or AMX), float32 otherwise",
+    )

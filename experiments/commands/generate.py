@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from experiments.commands import add_dtype_argument
+
 HELP = "generate a continuation with the autoregressive, chain, multi-draft or tree decoder"
 
 
@@ -37,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
+    add_dtype_argument(parser)
     parser.add_argument(
         "--json", action="store_true", help="print token ids, text, tau, acceptance and tokens/s"
     )
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     result = generate(
         args.prompt,
         source=args.model,
+        dtype=args.dtype,
         chat=args.chat,
         decoder=args.decoder,
         drafter=args.drafter,

@@ -6,6 +6,7 @@ HELP = "run the decoders on the embedded model and report the theory's predictio
 
 
 def add_arguments(parser) -> None:
+    from experiments.commands import add_dtype_argument
     from experiments.validate import DEFAULT_DECODERS, ValidationConfig
 
     defaults = ValidationConfig()
@@ -30,6 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
+    add_dtype_argument(parser)
 
 
 def run(args) -> int:
@@ -63,6 +65,7 @@ def run(args) -> int:
         temperature=args.temperature,
         seed=args.seed,
         decoders=specs,
+        dtype=args.dtype,
     )
     report = run_validation(config, args.out, restart=args.restart)
     from experiments.validate import render_markdown

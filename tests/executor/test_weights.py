@@ -164,6 +164,29 @@ def test_safetensors_round_trip_recovers_weights_and_logits(tiny_model, tmp_path
     assert loaded_tokenizer.encode("<t5><t9>") == [5, 9]
 
 
+def test_load_model_dtype_names_and_auto(tiny_model, tmp_path, monkeypatch):
+    save_safetensors(
+        tiny_model(3, vocab_size=16), tmp_path, Tokenizer.from_gguf_metadata(tiny_metadata_tokenizer(16))
+    )
+    for name, dtype in [
+        ("float32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        (torch.float64, torch.float64),
+    ]:
+        assert load_model(tmp_path, device="cpu", dtype=name)[0].tok_embeddings.weight.dtype == dtype
+    # "auto" follows the detected hardware: bfloat16 exactly when the CPU multiplies it natively.
+    import executor.device
+
+    for native, expected in [(True, torch.bfloat16), (False, torch.float32)]:
+        info = executor.device.HardwareInfo(
+            cuda=False, cpu_capability="X", cpu_native_bf16=native, cpu_count=1
+        )
+        monkeypatch.setattr(executor.device, "detect_hardware", lambda info=info: info)
+        assert load_model(tmp_path, device="cpu")[0].tok_embeddings.weight.dtype == expected
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        load_model(tmp_path, dtype="half")
+
+
 def test_hf_config_variants(tiny_model, tmp_path):
     save_safetensors(tiny_model(1, vocab_size=16), tmp_path)
     path = tmp_path / "config.json"

@@ -49,7 +49,12 @@ def test_cli_json_reports_tokens_text_tau_acceptance_and_speed(capsys):
 def test_python_call_matches_the_cli_and_greedy_decoders_agree(smollm, capsys):
     model, tokenizer = smollm
     reference = generate("def add(a, b):", model=model, tokenizer=tokenizer, max_new_tokens=8)
-    main(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--threads", "1"])
+    main(
+        [
+            "generate",
+            *("--prompt", "def add(a, b):", "--max-new-tokens", "8", "--threads", "1", "--dtype", "float32"),
+        ]
+    )
     assert capsys.readouterr().out == reference.text + "\n"
     tree = generate(
         "def add(a, b):",
@@ -88,6 +93,19 @@ def test_chat_prompt_uses_the_chat_template(smollm):
 def test_cli_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
     assert main(["generate", "--threads", "1", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_dtype_must_be_a_known_name_and_match_a_given_model(smollm, capsys):
+    model, tokenizer = smollm
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        generate("x", model=model, tokenizer=tokenizer, dtype="half", max_new_tokens=1)
+    with pytest.raises(ValueError, match="dtype 'bfloat16' differs from the given model's torch.float32"):
+        generate("x", model=model, tokenizer=tokenizer, dtype="bfloat16", max_new_tokens=1)
+    # The model's own dtype, by name or "auto", is accepted.
+    generate("x", model=model, tokenizer=tokenizer, dtype="float32", max_new_tokens=1)
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--dtype", "half"])
+    assert "--dtype: invalid choice: 'half'" in capsys.readouterr().err
 
 
 def test_prompt_longer_than_the_context_is_an_error(smollm):
