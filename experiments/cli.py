@@ -18,6 +18,7 @@ COMMANDS = {
     "plan-tree": "plan_tree",
     "generate": "generate",
     "convert-log": "convert_log",
+    "profile": "profile",
 }
 
 
