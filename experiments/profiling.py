@@ -25,16 +25,21 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
 
 __all__ = [
     "PROFILE_FORMAT",
     "PROFILE_VERSION",
+    "check_profile",
     "context_ids",
+    "is_profile",
     "power_of_two_sizes",
     "profile_costs",
+    "profile_target_times",
     "summarise_times",
 ]
+
+# torch is imported inside the measuring function only: the readers below serve ``plan-tree`` and
+# ``plan-length``, which must not pay for importing torch.
 
 #: ``format`` and ``version`` of the JSON written by ``specbound profile`` (documented in docs/profile.md).
 PROFILE_FORMAT = "specbound-profile"
@@ -89,12 +94,14 @@ def context_ids(tokenizer, length: int, texts: Sequence[str] | None = None) -> l
     raise ValueError(f"context: the prompts hold only {len(ids)} tokens, fewer than {length}")
 
 
-def _synchronise(device: torch.device) -> None:
+def _synchronise(device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
-def _timed(call: Callable[[], object], device: torch.device) -> float:
+def _timed(call: Callable[[], object], device) -> float:
     _synchronise(device)
     start = time.perf_counter()
     call()
@@ -139,6 +146,8 @@ def profile_costs(
         ``{"context_tokens", "repeats", "warmup", "target": {...}, "drafter": {...} or None}``, the
         measurement part of the JSON documented in docs/profile.md.
     """
+    import torch
+
     from executor.decoders.base import DecodingState, DraftTree
 
     sizes = sorted({int(n) for n in sizes})
@@ -236,3 +245,70 @@ def profile_costs(
             "cost_ratio": per_token["median"] / base if base > 0 else math.inf,
         }
     return result
+
+
+# --- reading a profile (plan-tree, plan-length) --------------------------------------------------------------
+
+
+def is_profile(data) -> bool:
+    """Whether parsed JSON is a ``specbound profile`` file (rather than an older plain latency table)."""
+    return isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
+
+
+def _positive_times(values, name: str) -> list[float]:
+    out = []
+    for value in values:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{name} must hold positive finite seconds, got {value!r}")
+        out.append(float(value))
+    return out
+
+
+def check_profile(data, name: str = "--latency") -> dict:
+    """Check the parts of a profile the planners use; ``ValueError`` naming ``name`` otherwise.
+
+    The target's ``sizes`` must be strictly increasing integers starting at 1, with one positive time each;
+    a drafter, if present, needs positive ``draft_time`` and ``level_time``.
+    """
+    if not is_profile(data):
+        raise ValueError(f"{name}: not a specbound profile (no 'format': {PROFILE_FORMAT!r})")
+    version = data.get("version")
+    if version != PROFILE_VERSION:
+        raise ValueError(
+            f"{name}: profile version {version!r} is not supported (this is version {PROFILE_VERSION})"
+        )
+    target = data.get("target")
+    if not isinstance(target, dict) or not isinstance(target.get("sizes"), list):
+        raise ValueError(f"{name}: the profile lacks target.sizes and target.times")
+    sizes, times = target["sizes"], target.get("times")
+    if not isinstance(times, list) or len(times) != len(sizes) or not sizes:
+        raise ValueError(f"{name}: target.sizes and target.times must be non-empty lists of the same length")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in sizes) or sizes[0] != 1:
+        raise ValueError(f"{name}: target.sizes must be integers starting at 1, got {sizes}")
+    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError(f"{name}: target.sizes must be strictly increasing, got {sizes}")
+    _positive_times(times, f"{name}: target.times")
+    drafter = data.get("drafter")
+    if drafter is not None:
+        if not isinstance(drafter, dict):
+            raise ValueError(f"{name}: drafter must be an object or null")
+        _positive_times([drafter.get("draft_time"), drafter.get("level_time")], f"{name}: drafter times")
+    return data
+
+
+def profile_target_times(data, name: str = "--latency") -> dict[int, float]:
+    """Seconds per target forward for every size ``1 .. max(sizes)``, from a profile's median times.
+
+    Sizes between two measured ones are interpolated linearly (the measured sizes are powers of two); sizes
+    beyond the largest measured one are left out, so a planner never extrapolates.
+    """
+    check_profile(data, name)
+    sizes = data["target"]["sizes"]
+    times = data["target"]["times"]
+    every = np.arange(1, sizes[-1] + 1)
+    return {int(n): float(t) for n, t in zip(every, np.interp(every, sizes, times), strict=True)}

@@ -9,6 +9,14 @@ The acceptance file is JSON, one of::
 (``entropy`` is optional, in nats). Prints the optimal policy of the SpecDec++ MDP, its threshold, tokens per
 step, cost per token and speedup, then the practical rules ranked by cost per token; ``--json`` prints the
 same as JSON.
+
+With ``--latency PROFILE.json`` (written by ``specbound profile``, docs/profile.md) the costs are this
+machine's: a drafted token costs the profile's ``drafter.draft_time`` (or ``--draft-time`` seconds) and a step
+that drafts at most ``K`` tokens is charged the measured time to verify ``K + 1`` tokens, ``t(K + 1)``. The
+verification time grows with ``K`` while the MDP charges one constant per step, so the plan is solved for
+every cap ``K`` (``1 <= K <= min(--max-length, horizon, largest measured size - 1)``) and each rule keeps the
+cap that serves it best; ``t(K + 1)`` is exact for a step that drafts ``K`` tokens and an upper bound for one
+that stops earlier. Speedups are then against plain decoding at the measured ``t(1)`` per token.
 """
 
 from __future__ import annotations
@@ -44,9 +52,24 @@ MAX_FIXED_LENGTH = 16
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance", required=True, type=Path, help="JSON acceptance model (see above)")
     parser.add_argument(
-        "--draft-time", required=True, type=float, help="time of one draft forward (unit: --target-time)"
+        "--draft-time",
+        type=float,
+        default=None,
+        help="time of one draft forward (unit: --target-time; seconds with --latency, default there: the "
+        "profile's drafter); required without --latency",
     )
-    parser.add_argument("--target-time", type=float, default=1.0, help="time of one target call (default 1)")
+    parser.add_argument(
+        "--target-time",
+        type=float,
+        default=None,
+        help="time of one target call (default 1; not with --latency)",
+    )
+    parser.add_argument(
+        "--latency",
+        type=Path,
+        default=None,
+        help="a `specbound profile` JSON: measured target and drafter times replace --target-time",
+    )
     parser.add_argument(
         "--discard-cost", type=float, default=0.0, help="extra cost per discarded draft token (default 0)"
     )
@@ -107,24 +130,101 @@ def practical_rules(model: AcceptanceModel) -> list:
     return rules
 
 
+def cap_model(model: AcceptanceModel, cap: int) -> AcceptanceModel:
+    """``model`` with at most ``cap`` drafted positions (per-position models are cut; others re-read)."""
+    if isinstance(model, PositionalAcceptance) and model.horizon > cap:
+        return PositionalAcceptance(model.alphas[:cap])
+    return model
+
+
+def _policy_report(policy) -> dict:
+    return {
+        **asdict(policy.evaluation),
+        "threshold": policy.threshold,
+        "rejection_threshold": policy.rejection_threshold,
+        "is_threshold_rule": policy.is_threshold_rule,
+        "iterations": policy.iterations,
+        "table": [asdict(row) for row in policy.table],
+    }
+
+
+def plan_with_latency(args: argparse.Namespace) -> dict:
+    """The plan under a measured profile: solved per verification cap ``K``, charged ``t(K + 1)``."""
+    from experiments.commands.plan_tree import _read_json
+    from experiments.profiling import check_profile, profile_target_times
+
+    if args.target_time is not None:
+        raise ValueError(
+            "--target-time and --latency exclude each other: the profile gives the target's times"
+        )
+    data = check_profile(_read_json(args.latency, "--latency"), "--latency")
+    times = profile_target_times(data, "--latency")
+    draft_time = args.draft_time
+    if draft_time is None:
+        if data.get("drafter") is None:
+            raise ValueError("--latency: the profile measured no drafter; pass --draft-time in seconds")
+        draft_time = data["drafter"]["draft_time"]
+    full = load_acceptance_model(args.acceptance, args.max_length)
+    caps = range(1, min(args.max_length, full.horizon, max(times) - 1) + 1)
+    if not caps:
+        raise ValueError("--latency: the profile must measure the target on at least 2 new tokens")
+    plain = times[1]
+    best = None
+    rules: dict[str, tuple] = {}
+    for cap in caps:
+        model = cap_model(load_acceptance_model(args.acceptance, cap), cap)
+        costs = LengthCosts(draft_time, times[cap + 1], args.discard_cost)
+        policy = optimal_length_policy(model, costs)
+        if best is None or policy.evaluation.cost_per_token < best[0].evaluation.cost_per_token:
+            best = (policy, cap, model, costs)
+        for evaluation in rank_rules(practical_rules(model), model, costs):
+            if (
+                evaluation.name not in rules
+                or evaluation.cost_per_token < rules[evaluation.name][0].cost_per_token
+            ):
+                rules[evaluation.name] = (evaluation, cap)
+    policy, cap, model, costs = best
+    rules.setdefault(policy.evaluation.name, (policy.evaluation, cap))
+    ranked = sorted(rules.values(), key=lambda item: item[0].cost_per_token)
+
+    def rebased(evaluation, cap: int) -> dict:
+        # Plain decoding pays t(1) per token, not the step's t(K + 1): speedups against the measured t(1).
+        return {**asdict(evaluation), "speedup": plain / evaluation.cost_per_token, "cap": cap}
+
+    optimal = _policy_report(policy)
+    optimal.update(speedup=plain / policy.evaluation.cost_per_token, cap=cap)
+    return {
+        "model": repr(model),
+        "costs": asdict(costs),
+        "latency": {
+            "file": str(args.latency),
+            "dtype": data.get("dtype"),
+            "drafter": (data.get("drafter") or {}).get("name"),
+            "plain_time": plain,
+            "cap": cap,
+            "verify_time": times[cap + 1],
+        },
+        "optimal": optimal,
+        "alternatives": [rebased(evaluation, rule_cap) for evaluation, rule_cap in ranked[: args.top]],
+    }
+
+
 def plan(args: argparse.Namespace) -> dict:
     if args.top < 1:
         raise ValueError(f"top must be at least 1, got {args.top}")
+    if args.latency is not None:
+        return plan_with_latency(args)
+    if args.draft_time is None:
+        raise ValueError("--draft-time is required without --latency")
     model = load_acceptance_model(args.acceptance, args.max_length)
-    costs = LengthCosts(args.draft_time, args.target_time, args.discard_cost)
+    target_time = 1.0 if args.target_time is None else args.target_time
+    costs = LengthCosts(args.draft_time, target_time, args.discard_cost)
     policy = optimal_length_policy(model, costs)
     ranked = rank_rules([*practical_rules(model), policy], model, costs)
     return {
         "model": repr(model),
         "costs": asdict(costs),
-        "optimal": {
-            **asdict(policy.evaluation),
-            "threshold": policy.threshold,
-            "rejection_threshold": policy.rejection_threshold,
-            "is_threshold_rule": policy.is_threshold_rule,
-            "iterations": policy.iterations,
-            "table": [asdict(row) for row in policy.table],
-        },
+        "optimal": _policy_report(policy),
         "alternatives": [asdict(evaluation) for evaluation in ranked[: args.top]],
     }
 
@@ -152,6 +252,15 @@ def format_report(result: dict) -> str:
         f"acceptance model: {result['model']}",
         f"costs: draft {costs['draft_time']:g}, target {costs['target_time']:g}, "
         f"discarded token {costs['discard_cost']:g}",
+    ]
+    latency = result.get("latency")
+    if latency:
+        lines.append(
+            f"measured ({latency['file']}, {latency['dtype']}, drafter {latency['drafter']}): plain decoding "
+            f"{latency['plain_time'] * 1e3:.2f} ms/token; best cap K = {latency['cap']} drafted tokens, verified in "
+            f"{latency['verify_time'] * 1e3:.2f} ms; speedups are against plain decoding"
+        )
+    lines += [
         "",
         "optimal policy (SpecDec++ MDP, solved exactly by Dinkelbach + backward induction):",
         f"  threshold rule: {'yes' if optimal['is_threshold_rule'] else 'no'}; continue while "

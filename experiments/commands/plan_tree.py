@@ -2,7 +2,10 @@
 
 Without ``--latency`` it prints Sequoia's optimal tree for the budget and, as alternatives, the optimal trees
 of smaller depths; the speedup then assumes verification time flat in the tree size (memory-bound target)
-and ``--draft-time`` in units of one target pass. With ``--latency`` it runs the hardware-aware planner.
+and ``--draft-time`` in units of one target pass. With ``--latency`` it runs the hardware-aware planner; the
+latency file may be the JSON written by ``specbound profile`` (docs/profile.md), whose target times are
+interpolated to every size up to the largest measured and whose drafter's level time is the default
+``--draft-time``.
 """
 
 from __future__ import annotations
@@ -30,15 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--latency",
         type=Path,
-        help='JSON file: {"n": seconds to verify n tokens, ...} or {"sizes": [...], "times": [...]}; must '
-        "include n = 1. Without it the verification time is taken as flat (1 per step).",
+        help='JSON file: the output of `specbound profile`, or {"n": seconds to verify n tokens, ...} or '
+        '{"sizes": [...], "times": [...]} (must include n = 1). Without it the verification time is taken as '
+        "flat (1 per step).",
     )
     parser.add_argument(
         "--draft-time",
         type=float,
-        default=0.0,
+        default=None,
         help="seconds per draft forward pass (one per drafted level); without --latency, in units of one "
-        "target pass (default 0)",
+        "target pass. Default: the profile's drafter level time with a `specbound profile` --latency file, "
+        "else 0",
     )
     parser.add_argument("--max-depth", type=int, default=16, help="most drafted levels (default 16)")
     parser.add_argument("--max-width", type=int, default=None, help="most children per node (default: W)")
@@ -76,8 +81,28 @@ def read_acceptance(path: Path) -> np.ndarray:
         ) from None
 
 
-def read_latency(path: Path) -> dict[int, float]:
+def read_latency_file(path: Path) -> tuple[dict[int, float], float | None]:
+    """The verification-time table of a ``--latency`` file and, for a profile with a drafter, its level time.
+
+    A ``specbound profile`` file gives its median target times interpolated to every size up to the largest
+    measured (:func:`experiments.profiling.profile_target_times`) and the drafter's ``level_time``; the older
+    formats give their table as is and no draft time.
+    """
+    from experiments.profiling import is_profile, profile_target_times
+
     data = _read_json(path, "--latency")
+    if is_profile(data):
+        drafter = data.get("drafter")
+        return profile_target_times(data, "--latency"), (drafter["level_time"] if drafter else None)
+    return _latency_table(data), None
+
+
+def read_latency(path: Path) -> dict[int, float]:
+    """The verification-time table ``{n: seconds}`` of a ``--latency`` file (any supported format)."""
+    return read_latency_file(path)[0]
+
+
+def _latency_table(data) -> dict[int, float]:
     if isinstance(data, dict) and set(data) == {"sizes", "times"}:
         if (
             not isinstance(data["sizes"], list)
@@ -106,10 +131,13 @@ def read_latency(path: Path) -> dict[int, float]:
 
 def make_plan(args: argparse.Namespace) -> TreePlan:
     acc = read_acceptance(args.acceptance)
+    profiled_draft_time = None
     if args.latency is None:
         target_time = lambda n: 1.0  # noqa: E731 - flat verification: the memory-bound regime
     else:
-        target_time = read_latency(args.latency)
+        target_time, profiled_draft_time = read_latency_file(args.latency)
+    if args.draft_time is None:
+        args.draft_time = profiled_draft_time if profiled_draft_time is not None else 0.0
     return plan_tree(
         acc,
         target_time,
@@ -139,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         "expected_tokens": plan.expected_tokens,
         "step_time": plan.step_time,
         "speedup": plan.speedup,
+        "draft_time": args.draft_time,
         "convention": plan.convention,
         "latency": "flat (1 per step)" if args.latency is None else str(args.latency),
         "alternatives": [
