@@ -156,6 +156,10 @@ def profile_costs(
         raise ValueError(f"sizes must contain 1 (the plain-decoding baseline) and be >= 1, got {sizes}")
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be integers >= 1, got {widths}")
+    if drafter is not None and widths[-1] > model.config.vocab_size:
+        raise ValueError(
+            f"widths must be at most the vocabulary ({model.config.vocab_size}), got {widths[-1]}"
+        )
     for value, name, minimum in ((repeats, "repeats", 1), (warmup, "warmup", 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -86,3 +86,67 @@ def test_bad_input_exits_with_a_message(tmp_path, capsys, content, extra, messag
 def test_missing_file_is_reported(tmp_path, capsys):
     assert main(["plan-length", "--acceptance", str(tmp_path / "none.json"), "--draft-time", "0.1"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def write_profile(tmp_path, sizes, times, draft_time=None) -> str:
+    drafter = (
+        None if draft_time is None else {"name": "x", "draft_time": draft_time, "level_time": draft_time}
+    )
+    path = tmp_path / "profile.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": "specbound-profile",
+                "version": 1,
+                "target": {"sizes": sizes, "times": times},
+                "drafter": drafter,
+            }
+        )
+    )
+    return str(path)
+
+
+def plan_json(capsys, argv) -> dict:
+    assert main(["plan-length", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_flat_measured_times_give_the_unit_cost_plan(tmp_path, capsys):
+    # t(n) = 2 s for every n: the plan is the ordinary one with target_time 2, at the largest cap.
+    profile = write_profile(tmp_path, [1, 2, 4, 8, 16], [2.0] * 5, draft_time=0.1)
+    acc = write(tmp_path, 0.8)
+    measured = plan_json(capsys, ["--acceptance", acc, "--latency", profile, "--max-length", "8"])
+    unit = plan_json(capsys, ["--acceptance", acc, "--draft-time", "0.05", "--max-length", "8"])
+    assert measured["latency"]["cap"] == 8
+    assert measured["optimal"]["speedup"] == pytest.approx(unit["optimal"]["speedup"], rel=1e-12)
+    assert measured["optimal"]["cost_per_token"] == pytest.approx(2 * unit["optimal"]["cost_per_token"])
+
+
+def test_steep_verification_caps_the_draft_length_and_speedups_are_against_t1(tmp_path, capsys):
+    # Verifying more than 3 tokens is very slow: the best plan drafts at most 2.
+    profile = write_profile(tmp_path, [1, 2, 4, 8], [1.0, 1.0, 1.0, 50.0], draft_time=0.05)
+    result = plan_json(capsys, ["--acceptance", write(tmp_path, 0.8), "--latency", profile])
+    assert result["latency"]["cap"] == 3 and result["optimal"]["drafted_per_step"] <= 3
+    policy = optimal_length_policy(IIDAcceptance(0.8, max_length=3), LengthCosts(0.05, 1.0))
+    assert result["optimal"]["cost_per_token"] == pytest.approx(policy.evaluation.cost_per_token)
+    assert result["optimal"]["speedup"] == pytest.approx(1.0 / policy.evaluation.cost_per_token)
+    for row in result["alternatives"]:
+        assert row["speedup"] == pytest.approx(1.0 / row["cost_per_token"]) and 1 <= row["cap"] <= 7
+
+
+@pytest.mark.parametrize(
+    ("extra", "drafter", "message"),
+    [
+        (["--target-time", "1"], 0.1, "--target-time and --latency exclude each other"),
+        ([], None, "the profile measured no drafter; pass --draft-time"),
+    ],
+)
+def test_profile_option_errors(tmp_path, capsys, extra, drafter, message):
+    profile = write_profile(tmp_path, [1, 2], [1.0, 1.0], draft_time=drafter)
+    assert main(["plan-length", "--acceptance", write(tmp_path, 0.8), "--latency", profile, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_draft_time_is_required_without_a_profile(tmp_path, capsys):
+    assert main(["plan-length", "--acceptance", write(tmp_path, 0.8)]) == 2
+    assert "--draft-time is required without --latency" in capsys.readouterr().err

@@ -162,3 +162,56 @@ def test_bad_latency_files_exit_with_status_2(files, tmp_path, capsys, latency, 
 def test_missing_file_is_reported(tmp_path, capsys):
     assert main(["plan-tree", "--acceptance", str(tmp_path / "none.json"), "--budget", "8"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def write_profile(path, sizes, times, level_time=None):
+    drafter = (
+        None if level_time is None else {"name": "x", "draft_time": level_time / 2, "level_time": level_time}
+    )
+    data = {"format": "specbound-profile", "version": 1, "target": {"sizes": sizes, "times": times}}
+    path.write_text(json.dumps({**data, "drafter": drafter}))
+    return str(path)
+
+
+def test_a_profile_plans_like_its_interpolated_table_with_the_drafters_level_time(files, tmp_path, capsys):
+    acc, _ = files
+    profile = write_profile(tmp_path / "profile.json", [1, 2, 4, 8, 16], [1.0, 1.0, 1.2, 1.6, 2.4], 0.3)
+    table = tmp_path / "table.json"
+    # The same times at every size, linearly interpolated between the measured powers of two.
+    table.write_text(
+        json.dumps(
+            {
+                str(n): t
+                for n, t in zip(
+                    range(1, 17),
+                    np.interp(range(1, 17), [1, 2, 4, 8, 16], [1.0, 1.0, 1.2, 1.6, 2.4]),
+                    strict=True,
+                )
+            }
+        )
+    )
+    common = ["plan-tree", "--acceptance", str(acc), "--budget", "16"]
+    from_profile = run_json(capsys, [*common, "--latency", profile])
+    from_table = run_json(capsys, [*common, "--latency", str(table), "--draft-time", "0.3"])
+    assert from_profile["draft_time"] == 0.3
+    for key in ("tree", "size", "speedup", "step_time", "alternatives"):
+        assert from_profile[key] == from_table[key]
+    # An explicit --draft-time wins over the profile's.
+    explicit = run_json(capsys, [*common, "--latency", profile, "--draft-time", "0"])
+    assert explicit["draft_time"] == 0 and explicit["speedup"] > from_profile["speedup"]
+
+
+def test_a_profile_without_drafter_charges_no_draft_time_and_sizes_stay_within_the_measured(
+    tmp_path, files, capsys
+):
+    acc, _ = files
+    profile = write_profile(tmp_path / "profile.json", [1, 2, 4], [1.0, 1.0, 1.0])
+    report = run_json(capsys, ["plan-tree", "--acceptance", str(acc), "--budget", "32", "--latency", profile])
+    assert report["draft_time"] == 0.0 and report["size"] == 4  # flat and free: the largest measured size
+
+
+def test_a_malformed_profile_is_a_clean_error(tmp_path, files, capsys):
+    acc, _ = files
+    profile = write_profile(tmp_path / "profile.json", [1, 4, 2], [1.0, 1.0, 1.0])
+    assert main(["plan-tree", "--acceptance", str(acc), "--budget", "8", "--latency", profile]) == 2
+    assert "--latency: target.sizes must be strictly increasing" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""``specbound profile`` on a tiny model: the JSON it writes, its use by plan-tree/plan-length, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import experiments.commands.profile as profile_command
+from experiments.cli import main
+from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
+from tests.tiny_models import build_tiny_model
+
+
+class ByteTokenizer:
+    """Maps each character to a token of the tiny vocabulary (enough to build a context)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % self.vocab_size for c in text]
+
+
+@pytest.fixture
+def tiny_target(monkeypatch):
+    loaded = []
+
+    def load_target(source, dtype):
+        model = build_tiny_model(0, vocab_size=16, max_seq_len=64).to(dtype)
+        loaded.append(dtype)
+        return model, ByteTokenizer(16)
+
+    monkeypatch.setattr(profile_command, "load_target", load_target)
+    return loaded
+
+
+def profile(tmp_path, *extra) -> dict:
+    out = tmp_path / "latency.json"
+    argv = ["profile", "--context", "24", "--max-size", "8", "--max-width", "4", "--repeats", "3"]
+    argv += ["--warmup", "1", "--threads", "1", "--out", str(out), *extra]
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_profile_writes_the_documented_json(tmp_path, tiny_target, capsys):
+    data = profile(tmp_path, "--drafter", "early-exit:1", "--dtype", "float32")
+    assert (data["format"], data["version"], data["dtype"], data["threads"]) == (
+        PROFILE_FORMAT,
+        PROFILE_VERSION,
+        "float32",
+        1,
+    )
+    assert data["target"]["sizes"] == [1, 2, 4, 8]
+    assert data["drafter"]["per_level"]["widths"] == [1, 2, 4] and data["drafter"]["name"] == "early-exit:1"
+    assert data["context_tokens"] == 24 and set(data["hardware"]) >= {"cuda", "cpu_native_bf16"}
+    assert "new tokens" in capsys.readouterr().out
+
+
+def test_bfloat16_and_no_drafter(tmp_path, tiny_target):
+    import torch
+
+    data = profile(tmp_path, "--drafter", "none", "--dtype", "bfloat16")
+    assert data["dtype"] == "bfloat16" and tiny_target == [torch.bfloat16]
+    assert data["drafter"] is None
+
+
+def test_plan_tree_and_plan_length_accept_the_profile(tmp_path, tiny_target, capsys):
+    data = profile(tmp_path, "--drafter", "early-exit:1")
+    latency = str(tmp_path / "latency.json")
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps([0.6, 0.2, 0.1]))
+    capsys.readouterr()
+    assert main(["plan-tree", "--acceptance", str(acc), "--budget", "8", "--latency", latency, "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["draft_time"] == data["drafter"]["level_time"] and 1 <= tree["size"] <= 8
+    alpha = tmp_path / "alpha.json"
+    alpha.write_text("0.7")
+    assert main(["plan-length", "--acceptance", str(alpha), "--latency", latency, "--json"]) == 0
+    length = json.loads(capsys.readouterr().out)
+    assert length["costs"]["draft_time"] == data["drafter"]["draft_time"]
+    assert 1 <= length["latency"]["cap"] <= 7
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-size", "48"], "--max-size must be a power of two"),
+        (["--max-width", "0"], "--max-width must be a power of two"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be non-negative"),
+        (["--context", "1"], "--context must be at least 2"),
+        (["--drafter", "bogus"], "--drafter: unknown drafter 'bogus'"),
+        (["--drafter", "early-exit:7"], "exit_layer must be below"),
+        (["--threads", "0"], "--threads must be an integer >= 1"),
+        (["--context", "60"], "the model's context is 64"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(tmp_path, tiny_target, capsys, argv, message):
+    assert main(["profile", "--out", str(tmp_path / "x.json"), "--max-size", "8", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_bad_dtype_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "--dtype", "float16"])
+    assert "invalid choice: 'float16'" in capsys.readouterr().err
