@@ -15,6 +15,7 @@ from executor.decoders import (
     Sampling,
     TreeDecoder,
 )
+from executor.device import default_dtype, detect_hardware, resolve_dtype, set_threads
 from executor.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, parse_drafter
 from executor.generate import build_decoder, generate
 from executor.logs import GenerationResult, StepLog, step_distributions
@@ -38,13 +39,17 @@ __all__ = [
     "Transformer",
     "TreeDecoder",
     "build_decoder",
+    "default_dtype",
     "default_model_path",
+    "detect_hardware",
     "generate",
     "load_model",
     "logits_to_probs",
     "parse_drafter",
+    "resolve_dtype",
     "sample_drafts",
     "sample_token",
+    "set_threads",
     "step_distributions",
     "verify_chain",
     "verify_multidraft",
