@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from executor.device import detect_hardware, set_threads
-from executor.logs import write_json
+from executor.files import write_json
 from executor.weights import load_model
 from experiments.profiling import context_ids, summarise_times
 

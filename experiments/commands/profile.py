@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter",
         default=None,
-        help="early-exit:K | ngram | model:PATH | none (default: early exit at half the layers)",
+        help="early-exit:K | ngram | model:PATH | none (default: executor.drafters.default_drafter)",
     )
     parser.add_argument(
         "--context", type=int, default=256, help="tokens of HumanEval prompts prefilled first (default 256)"
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from executor.device import detect_hardware, resolve_dtype
-    from executor.drafters import parse_drafter
+    from executor.drafters import default_drafter, parse_drafter
     from executor.files import write_json
     from experiments.commands import set_torch_threads
     from experiments.profiling import (
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, name="--dtype")
     model, tokenizer = load_target(args.model, dtype)
     context = context_ids(tokenizer, args.context)
-    drafter_name = args.drafter or f"early-exit:{max(model.config.n_layers // 2, 1)}"
+    drafter_name = args.drafter or default_drafter(model)
     drafter = None if drafter_name == "none" else parse_drafter(drafter_name, model)
     measured = profile_costs(
         model,
