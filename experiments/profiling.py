@@ -190,7 +190,7 @@ def profile_costs(
         if drafter is not None:
             drafter.check_target(model)
             drafter.start(context, slots)
-            state = DecodingState(tokens=list(context), prompt_length=len(context))
+            state = DecodingState(tokens=list(context))
             root_tree = DraftTree(context[-1])
             logits = drafter.draft_logits(state, root_tree, [0])
             if logits is None:
