@@ -1,0 +1,204 @@
+"""The target's features on a corpus, computed once and cached: what every trained head learns from.
+
+One prefill of each ``chunk_length``-token chunk through the frozen target stores
+
+* ``tokens`` ``(n, T)`` int64 -- the chunk;
+* ``hidden`` ``(n, T, d)`` in bfloat16 (or float16) -- the target's final hidden state after each token, *before*
+  the final norm (``Transformer.forward(..., return_hidden=True)``);
+* ``topk_counts`` ``(V,)`` int64 -- how often each token is among the target's top ``topk`` predictions, for the
+  reduced draft vocabulary.
+
+No logits are stored: the target's distribution at position ``t`` is recomputed exactly from the cached hidden
+state through the frozen final norm and LM head, :math:`p_t = \\mathrm{softmax}(W\\,\\mathrm{norm}(h_t))` (what
+EAGLE's data generation stores too: Li et al., ICML 2024, arXiv 2401.15077, ``ge_data``), which costs one
+matrix product instead of ``V`` floats per token on disk.
+
+Shards of ``shard_chunks`` chunks are written atomically (``split-NNNNN.safetensors``); an interrupted run
+resumes at the first missing shard, and ``manifest.json`` is written last. The cache directory is keyed by the
+target's fingerprint, the corpus fingerprint and the settings (:func:`feature_cache_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from executor.training.checkpoint import atomic_write_bytes, cache_root
+from executor.training.corpus import tokenize_chunks
+
+__all__ = [
+    "FeatureSet",
+    "build_features",
+    "feature_cache_dir",
+    "load_features",
+    "prepare_features",
+    "target_logits",
+]
+
+MANIFEST = "manifest.json"
+
+
+def feature_cache_dir(fingerprint: dict, corpus_fingerprint: str, settings: dict) -> Path:
+    key = json.dumps(
+        {"target": fingerprint["hash"], "corpus": corpus_fingerprint, **settings}, sort_keys=True
+    )
+    return cache_root() / "features" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def target_logits(target, hidden: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's logits from its pre-norm final hidden states, optionally only at the ``vocab`` rows."""
+    weight = target.tok_embeddings.weight if target.output is None else target.output.weight
+    if vocab is not None:
+        weight = weight[vocab]
+    normed = target.norm(hidden.to(weight.dtype))
+    return torch.nn.functional.linear(normed, weight).float()
+
+
+@dataclass
+class FeatureSet:
+    """Cached features of one split, in memory: ``tokens (n, T)``, ``hidden (n, T, d)``, ``topk_counts (V,)``."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    topk_counts: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def _shard_path(directory: Path, split: str, index: int) -> Path:
+    return directory / f"{split}-{index:05d}.safetensors"
+
+
+def build_features(
+    target,
+    splits: dict[str, list[list[int]]],
+    directory: str | Path,
+    *,
+    storage_dtype: torch.dtype = torch.bfloat16,
+    shard_chunks: int = 16,
+    batch_size: int = 4,
+    topk: int = 8,
+    progress: bool = True,
+) -> Path:
+    """Prefill every chunk of every split through ``target`` and write the shards (skipping existing ones).
+
+    ``splits`` maps a split name (``"train"``, ``"held_out"``) to its chunks, all of one length ``T``.
+    Returns ``directory``. Resumable: shards already on disk are complete (atomic writes) and not recomputed.
+    """
+    from safetensors.torch import save
+    from tqdm import tqdm
+
+    if storage_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"storage_dtype must be bfloat16, float16 or float32, got {storage_dtype!r}")
+    directory = Path(directory)
+    if (directory / MANIFEST).is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    lengths = {len(chunk) for chunks in splits.values() for chunk in chunks}
+    if len(lengths) != 1:
+        raise ValueError(f"every chunk must have one length; got lengths {sorted(lengths)}")
+    length = lengths.pop()
+    device = target.tok_embeddings.weight.device
+    total = sum(len(chunks) for chunks in splits.values())
+    manifest = {"chunk_length": length, "storage_dtype": str(storage_dtype), "splits": {}}
+    with tqdm(total=total * length, unit="tok", desc="target features", disable=not progress) as bar:
+        for split, chunks in splits.items():
+            shards = (len(chunks) + shard_chunks - 1) // shard_chunks
+            manifest["splits"][split] = {"chunks": len(chunks), "shards": shards}
+            for index in range(shards):
+                part = chunks[index * shard_chunks : (index + 1) * shard_chunks]
+                path = _shard_path(directory, split, index)
+                if path.is_file():
+                    bar.update(len(part) * length)
+                    continue
+                hidden_rows = []
+                counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
+                with torch.no_grad():
+                    for start in range(0, len(part), batch_size):
+                        batch = torch.tensor(part[start : start + batch_size], device=device)
+                        target.setup_cache(length, batch_size=batch.shape[0])
+                        logits, hidden = target(
+                            batch, torch.arange(length, device=device), return_hidden=True
+                        )
+                        top = logits.topk(topk, dim=-1).indices.reshape(-1).cpu()
+                        counts += torch.bincount(top, minlength=counts.numel())
+                        hidden_rows.append(hidden.to("cpu", storage_dtype))
+                        bar.update(batch.numel())
+                tensors = {
+                    "tokens": torch.tensor(part, dtype=torch.int64),
+                    "hidden": torch.cat(hidden_rows).contiguous(),
+                    "topk_counts": counts,
+                }
+                atomic_write_bytes(path, save(tensors))
+    atomic_write_bytes(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+    return directory
+
+
+def load_features(directory: str | Path, split: str) -> FeatureSet:
+    """All shards of ``split`` from a finished cache directory, concatenated in memory."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"feature cache {str(directory)!r} is incomplete (no {MANIFEST}); build it first")
+    manifest = json.loads(manifest_path.read_text())
+    if split not in manifest["splits"]:
+        raise ValueError(f"feature cache {str(directory)!r} has no split {split!r}")
+    parts = [
+        load_file(str(_shard_path(directory, split, i))) for i in range(manifest["splits"][split]["shards"])
+    ]
+    return FeatureSet(
+        tokens=torch.cat([p["tokens"] for p in parts]),
+        hidden=torch.cat([p["hidden"] for p in parts]),
+        topk_counts=sum(p["topk_counts"] for p in parts),
+    )
+
+
+def prepare_features(
+    target,
+    tokenizer,
+    corpus=None,
+    *,
+    chunk_length: int = 512,
+    train_tokens: int = 163_840,
+    held_out_tokens: int = 8_192,
+    storage_dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+) -> Path:
+    """Tokenize ``corpus`` (default: the standard library), then build (or reuse) its feature cache.
+
+    Returns the cache directory (under ``$XDG_CACHE_HOME/specbound/features/``), keyed by the target, the
+    corpus contents and these settings, so a second call with the same arguments only reads it.
+    """
+    from executor.training.checkpoint import model_fingerprint
+    from executor.training.corpus import Corpus, load_corpus
+
+    corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+    settings = {
+        "chunk_length": chunk_length,
+        "train_tokens": train_tokens,
+        "held_out_tokens": held_out_tokens,
+        "storage_dtype": str(storage_dtype),
+        "target_dtype": str(target.tok_embeddings.weight.dtype),
+    }
+    directory = feature_cache_dir(model_fingerprint(target), corpus.fingerprint(), settings)
+    if (directory / MANIFEST).is_file():
+        return directory
+    eos = getattr(tokenizer, "eos_id", None)
+    splits = {
+        "train": tokenize_chunks(corpus.train, tokenizer.encode, eos, chunk_length, train_tokens),
+        "held_out": tokenize_chunks(corpus.held_out, tokenizer.encode, eos, chunk_length, held_out_tokens),
+    }
+    for split, chunks in splits.items():
+        if not chunks:
+            raise ValueError(f"corpus {corpus.name!r} has fewer than {chunk_length} {split} tokens")
+    build_features(target, splits, directory, storage_dtype=storage_dtype, progress=progress)
+    info = {"corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(), **settings}
+    atomic_write_bytes(directory / "corpus.json", json.dumps(info, indent=2).encode())
+    return directory

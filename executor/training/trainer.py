@@ -1,0 +1,384 @@
+"""Time-budgeted, resumable training of draft heads on the cached target features.
+
+The objective distils the target's distribution, since single-draft acceptance is
+:math:`\\sum_v \\min(p_v, q_v) = 1 - \\mathrm{TV}(p, q)` (Leviathan et al., ICML 2023, arXiv 2211.17192): the
+loss is :math:`\\mathrm{KL}(p \\,\\|\\, q)` at temperature 1 (on the draft vocabulary, with ``p`` renormalised
+there) plus ``feature_weight`` times a SmoothL1 regression of the head's feature onto the target's next feature,
+both RMS-normalised (EAGLE's two losses, Li et al., ICML 2024, arXiv 2401.15077).
+
+Before any gradient step, the head's input projection is set in closed form by ridge regression of the
+target's next normalised feature on ``[norm(h_t), E x_{t+1}, 1]`` (the decoder layer starts as the identity,
+so this is the best linear head; in drafters.md it was the single best trick measured). AdamW (Loshchilov &
+Hutter, ICLR 2019) then runs with a linear warm-up and a cosine decay over the *time* budget; every
+``save_seconds`` the head, the optimizer state, the step and the random state go to ``train_state.pt``
+(atomically), so an interrupted run continues where it stopped until the budget is spent.
+
+Held-out figures (on the card and in the progress bar) are at the first drafted position, teacher-forced on the
+target's exact features, with the full-vocabulary ``p``: ``top1`` = P(argmax q = argmax p), ``sum_min`` =
+mean :math:`\\sum_v \\min(p_v, q_v)`, ``kl`` = mean KL(p' || q) on the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from executor.drafters.feature import FeatureHead
+from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, save_checkpoint
+from executor.training.features import FeatureSet, target_logits
+
+__all__ = [
+    "TrainConfig",
+    "cached_checkpoints",
+    "choose_vocab",
+    "evaluate_head",
+    "ridge_init",
+    "train_drafter",
+    "train_feature_head",
+]
+
+STATE_NAME = "train_state.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The recipe (it keys the checkpoint cache, with the target and the corpus)."""
+
+    minutes: float = 8.0
+    lr: float = 1e-3
+    batch_size: int = 2
+    feature_weight: float = 0.5
+    weight_decay: float = 0.0
+    warmup: float = 0.03
+    ridge: float = 1e-3
+    ridge_rows: int = 65_536
+    vocab: str = "auto"  # "full" | "reduced" | "auto" (reduced when its measured LM-head cost is < 0.8x)
+    seed: int = 0
+    save_seconds: float = 60.0
+    eval_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.minutes > 0:
+            raise ValueError(f"minutes must be positive, got {self.minutes!r}")
+        if self.vocab not in ("full", "reduced", "auto"):
+            raise ValueError(f"vocab must be 'full', 'reduced' or 'auto', got {self.vocab!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size!r}")
+
+    def recipe(self) -> dict:
+        """What changes the trained weights (the budget, save and eval cadence do not key the cache)."""
+        data = asdict(self)
+        for name in ("minutes", "save_seconds", "eval_seconds"):
+            data.pop(name)
+        return data
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _head_inputs(features: FeatureSet, index: torch.Tensor):
+    hidden = features.hidden[index].float()
+    tokens = features.tokens[index]
+    return hidden[:, :-1], tokens[:, 1:], hidden[:, 1:]
+
+
+def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
+    batch, length = next_tokens.shape
+    head.setup_cache(length, batch)
+    slots = torch.arange(length)
+    mask = slots <= slots[:, None]
+    return head(target, inputs, next_tokens, slots, slots + 1, mask)
+
+
+def choose_vocab(target, train: FeatureSet, mode: str) -> tuple[torch.Tensor | None, dict]:
+    """The draft vocabulary: ``None`` (full) or the reduced set ``V'`` and what was measured to choose it.
+
+    ``V'`` = every token among the target's top-8 at some training position, plus every training token.
+    ``"auto"`` times one drafted token's LM head (full against ``V'``, interleaved, medians of 15) and keeps
+    ``V'`` when it costs less than 0.8x.
+    """
+    vocab_size = target.config.vocab_size
+    mask = train.topk_counts > 0
+    mask[train.tokens.unique()] = True
+    vocab = torch.nonzero(mask).reshape(-1)
+    info = {"mode": mode, "reduced_size": int(vocab.numel()), "vocab_size": vocab_size}
+    if mode == "full" or vocab.numel() == vocab_size:
+        return None, {**info, "chosen": "full"}
+    if mode == "reduced":
+        return vocab, {**info, "chosen": "reduced"}
+    weight = target.tok_embeddings.weight if target.output is None else target.output.weight
+    reduced_weight = weight[vocab].contiguous()
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype)
+    times = {"full": [], "reduced": []}
+    with torch.no_grad():
+        for _ in range(15):
+            for name, w in (("full", weight), ("reduced", reduced_weight)):
+                start = time.perf_counter()
+                F.linear(x, w)
+                times[name].append(time.perf_counter() - start)
+    full, reduced = statistics.median(times["full"]), statistics.median(times["reduced"])
+    info.update(lm_head_seconds_full=full, lm_head_seconds_reduced=reduced)
+    chosen = "reduced" if reduced < 0.8 * full else "full"
+    return (vocab if chosen == "reduced" else None), {**info, "chosen": chosen}
+
+
+def ridge_init(head: FeatureHead, target, train: FeatureSet, rows: int, ridge: float, generator) -> float:
+    """Set ``head.fc`` to the ridge solution; returns the fit's R^2 on the rows used."""
+    count = min(len(train), max(1, rows // max(train.tokens.shape[1] - 1, 1)))
+    index = torch.randperm(len(train), generator=generator)[:count]
+    inputs, next_tokens, targets = _head_inputs(train, index)
+    with torch.no_grad():
+        x = torch.cat([target.norm(inputs).float(), target.tok_embeddings(next_tokens).float()], -1)
+        x = x.reshape(-1, x.shape[-1]).double()
+        y = _rms(targets.float()).reshape(-1, targets.shape[-1]).double()
+        x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+        gram = x.T @ x
+        scale = float(gram.diagonal().mean())
+        solution = torch.linalg.solve(
+            gram + ridge * scale * torch.eye(gram.shape[0], dtype=gram.dtype), x.T @ y
+        )
+        head.fc.weight.copy_(solution[:-1].T.float())
+        head.fc.bias.copy_(solution[-1].float())
+        residual = y - x @ solution
+        return float(1 - residual.pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+
+
+def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
+    """Held-out ``top1``, ``sum_min``, ``kl`` (see the module docstring) and the number of ``tokens``."""
+    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0}
+    tokens = 0
+    chunks = len(held_out) if max_chunks is None else min(max_chunks, len(held_out))
+    was_training = head.training
+    head.eval()
+    with torch.no_grad():
+        for i in range(chunks):
+            inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([i]))
+            g = _run_head(head, target, inputs, next_tokens)[0]
+            p = target_logits(target, targets[0]).softmax(-1)
+            q_logits = head.logits(target, g)
+            q = q_logits.softmax(-1)
+            totals["top1"] += float((q.argmax(-1) == p.argmax(-1)).sum())
+            totals["sum_min"] += float(torch.minimum(p, q).sum())
+            vocab = head.vocab
+            p_draft = p[:, vocab] / p[:, vocab].sum(-1, keepdim=True)
+            log_q = q_logits[:, vocab].log_softmax(-1)
+            totals["kl"] += float((p_draft * (p_draft.clamp_min(1e-30).log() - log_q)).sum())
+            tokens += p.shape[0]
+    head.train(was_training)
+    return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
+
+
+def _save_state(path: Path, head, optimizer, progress: dict, generator) -> None:
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "head": head.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "progress": progress,
+            "generator": generator.get_state(),
+        },
+        buffer,
+    )
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def train_feature_head(
+    target,
+    train: FeatureSet,
+    held_out: FeatureSet,
+    out_dir: str | Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    card_extra: dict | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train (or resume training) a :class:`FeatureHead` for ``config.minutes``; save it; return its card.
+
+    ``out_dir`` receives ``train_state.pt`` during training and the checkpoint (weights + card) at the end.
+    ``KeyboardInterrupt`` saves the state first, so the next call resumes.
+    """
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    vocab, vocab_info = choose_vocab(target, train, config.vocab)
+    head = FeatureHead(target.config, vocab)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    state_path = out_dir / STATE_NAME
+    progress_info = {"steps": 0, "tokens": 0, "seconds": 0.0, "ridge_r2": None, "initial": None}
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        progress_info = state["progress"]
+        generator.set_state(state["generator"])
+    else:
+        progress_info["initial"] = evaluate_head(head, target, held_out, max_chunks=4)
+        progress_info["ridge_r2"] = ridge_init(
+            head, target, train, config.ridge_rows, config.ridge, generator
+        )
+    budget = 60.0 * config.minutes
+    head.train()
+    last_save = last_eval = time.perf_counter()
+    status = {}
+    bar = tqdm(
+        total=round(budget),
+        initial=round(min(progress_info["seconds"], budget)),
+        unit="s",
+        desc="train feature head",
+        disable=not progress,
+    )
+    try:
+        while progress_info["seconds"] < budget:
+            start = time.perf_counter()
+            fraction = progress_info["seconds"] / budget
+            warm = min(1.0, fraction / config.warmup) if config.warmup > 0 else 1.0
+            lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            index = torch.randint(len(train), (config.batch_size,), generator=generator)
+            inputs, next_tokens, targets = _head_inputs(train, index)
+            with torch.no_grad():
+                log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
+            g = _run_head(head, target, inputs, next_tokens)
+            log_q = head.logits(target, g, full=False).log_softmax(-1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+            regression = F.smooth_l1_loss(_rms(g.float()), _rms(targets))
+            loss = kl + config.feature_weight * regression
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            elapsed = time.perf_counter() - start
+            progress_info["steps"] += 1
+            progress_info["tokens"] += next_tokens.numel()
+            progress_info["seconds"] += elapsed
+            bar.update(min(round(progress_info["seconds"]), bar.total) - bar.n)
+            status.update(tokens=progress_info["tokens"], kl=f"{float(kl):.3f}", loss=f"{float(loss):.3f}")
+            now = time.perf_counter()
+            if now - last_eval > config.eval_seconds:
+                metrics = evaluate_head(head, target, held_out, max_chunks=4)
+                status["heldout_summin"] = f"{metrics['sum_min']:.3f}"
+                last_eval = time.perf_counter()
+            bar.set_postfix(status)
+            if now - last_save > config.save_seconds:
+                _save_state(state_path, head, optimizer, progress_info, generator)
+                last_save = time.perf_counter()
+    except KeyboardInterrupt:
+        _save_state(state_path, head, optimizer, progress_info, generator)
+        bar.close()
+        raise
+    bar.close()
+    _save_state(state_path, head, optimizer, progress_info, generator)
+    head.eval()
+    held = evaluate_head(head, target, held_out)
+    card = {
+        "kind": "feature",
+        "target": model_fingerprint(target),
+        "recipe": config.recipe(),
+        "minutes": config.minutes,
+        "steps": progress_info["steps"],
+        "tokens": progress_info["tokens"],
+        "seconds": round(progress_info["seconds"], 1),
+        "ridge_r2": progress_info["ridge_r2"],
+        "held_out_initial": progress_info["initial"],
+        "held_out": held,
+        "draft_vocab": vocab_info,
+        **(card_extra or {}),
+    }
+    tensors = {name: value for name, value in head.state_dict().items()}
+    save_checkpoint(out_dir, tensors, card)
+    return json.loads((out_dir / "card.json").read_text())
+
+
+def _float32_target(target):
+    """Training runs batched matrix products, which are fastest in float32 on CPUs without AMX."""
+    if target.tok_embeddings.weight.dtype == torch.float32:
+        return target
+    import copy
+
+    return copy.deepcopy(target).float()
+
+
+def cached_checkpoints(target, kind: str = "feature") -> list[Path]:
+    """Finished checkpoints of ``kind`` for ``target`` in the cache, most recently written first."""
+    from executor.training.checkpoint import CARD_NAME, cache_root
+
+    prefix = f"{kind.replace(':', '_')}-{model_fingerprint(target)['hash'][:12]}-"
+    root = cache_root() / "drafters"
+    found = [p for p in root.glob(prefix + "*") if (p / CARD_NAME).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: (p / CARD_NAME).stat().st_mtime, reverse=True)
+
+
+def train_drafter(
+    target,
+    tokenizer,
+    *,
+    kind: str = "feature",
+    corpus=None,
+    minutes: float = 8.0,
+    out: str | Path | None = None,
+    train_tokens: int = 163_840,
+    held_out_tokens: int = 8_192,
+    chunk_length: int = 512,
+    config: TrainConfig | None = None,
+    progress: bool = True,
+) -> Path:
+    """Cache the target's features on ``corpus`` (default: the standard library), train a ``kind`` head within
+    ``minutes`` (resuming an interrupted run), save it; returns the checkpoint directory.
+
+    The default directory is ``$XDG_CACHE_HOME/specbound/drafters/<kind>-<target hash>-<recipe hash>/``.
+    """
+    from executor.training.checkpoint import default_checkpoint_dir
+    from executor.training.corpus import load_corpus
+    from executor.training.features import load_features, prepare_features
+
+    if kind != "feature":
+        raise ValueError(f"kind must be 'feature' (the trained drafter kinds available), got {kind!r}")
+    config = TrainConfig(minutes=minutes) if config is None else config
+    target = _float32_target(target)
+    corpus = load_corpus(corpus)
+    directory = prepare_features(
+        target,
+        tokenizer,
+        corpus,
+        chunk_length=chunk_length,
+        train_tokens=train_tokens,
+        held_out_tokens=held_out_tokens,
+        progress=progress,
+    )
+    recipe = {
+        **config.recipe(),
+        "corpus": corpus.fingerprint(),
+        "train_tokens": train_tokens,
+        "chunk_length": chunk_length,
+    }
+    out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
+    train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
+    corpus_info = {
+        "name": corpus.name,
+        "fingerprint": corpus.fingerprint(),
+        "train_tokens": int(train.tokens.numel()),
+        "held_out_tokens": int(held_out.tokens.numel()),
+        "split_rule": "held out iff int.from_bytes(sha256(relative path)[:8], 'big') % 20 == 0",
+    }
+    card_extra = {"corpus": corpus_info}
+    backend = getattr(tokenizer, "backend", None)
+    if backend is not None:  # the token strings, so a re-tokenised vocabulary is told apart
+        import hashlib
+
+        vocabulary = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+        card_extra["vocab_hash"] = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
+    train_feature_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
+    return out
