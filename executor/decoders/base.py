@@ -73,9 +73,15 @@ class Sampling:
 
 @dataclass
 class DecodingState:
-    """Prompt plus generated tokens; the target's cache holds the K/V of ``tokens[:-1]``."""
+    """Prompt plus generated tokens; the target's cache holds the K/V of ``tokens[:-1]``.
+
+    ``hidden`` is kept only for drafters that set ``needs_target_hidden`` (feature-level heads such as EAGLE's):
+    row ``i < committed`` is the target's final hidden state (before the final norm) after ``tokens[i]``, as the
+    prefill or the verification pass that committed ``tokens[i]`` computed it.
+    """
 
     tokens: list[int]
+    hidden: torch.Tensor | None = None
 
     @property
     def committed(self) -> int:
@@ -133,21 +139,37 @@ class DraftTree:
 
 
 def run_tree(
-    model, tree: DraftTree, nodes: list[int], committed: int, *, exit_layer: int | None = None
-) -> torch.Tensor:
+    model,
+    tree: DraftTree,
+    nodes: list[int],
+    committed: int,
+    *,
+    exit_layer: int | None = None,
+    return_hidden: bool = False,
+):
     """Logits ``(len(nodes), V)`` of ``model`` on tree ``nodes`` (slot ``committed + node``); writes K/V.
 
-    For a chain fed in order the default causal mask is exactly the tree mask, so none is built.
+    With ``return_hidden``, ``(logits, hidden)`` with the hidden states ``(len(nodes), dim)`` before the final
+    norm. For a chain fed in order the default causal mask is exactly the tree mask, so none is built.
     """
     device = model.tok_embeddings.weight.device
     tokens = torch.tensor([[tree.tokens[v] for v in nodes]], device=device)
     slots = torch.tensor(nodes, device=device) + committed
     contiguous = nodes == list(range(nodes[0], nodes[0] + len(nodes)))
     if tree.is_chain() and contiguous:
-        return model(tokens, slots, exit_layer=exit_layer)[0]
-    positions = torch.tensor([tree.depths[v] for v in nodes], device=device) + committed
-    mask = tree.attention_mask(nodes, committed).to(device)
-    return model(tokens, slots, positions=positions, attention_mask=mask, exit_layer=exit_layer)[0]
+        out = model(tokens, slots, exit_layer=exit_layer, return_hidden=return_hidden)
+    else:
+        positions = torch.tensor([tree.depths[v] for v in nodes], device=device) + committed
+        mask = tree.attention_mask(nodes, committed).to(device)
+        out = model(
+            tokens,
+            slots,
+            positions=positions,
+            attention_mask=mask,
+            exit_layer=exit_layer,
+            return_hidden=return_hidden,
+        )
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
 
 
 def commit_path(model, committed: int, path: list[int]) -> None:
@@ -273,11 +295,18 @@ class Decoder(ABC):
         with torch.no_grad():
             self.target.setup_cache(slots)
             state = DecodingState(tokens=list(prompt))
+            device = self.target.tok_embeddings.weight.device
+            if getattr(self.drafter, "needs_target_hidden", False):
+                weight = self.target.tok_embeddings.weight
+                state.hidden = torch.zeros(slots, config.dim, dtype=weight.dtype, device=device)
             if len(prompt) > 1:
-                device = self.target.tok_embeddings.weight.device
-                self.target(
-                    torch.tensor([prompt[:-1]], device=device), torch.arange(len(prompt) - 1, device=device)
+                out = self.target(
+                    torch.tensor([prompt[:-1]], device=device),
+                    torch.arange(len(prompt) - 1, device=device),
+                    return_hidden=state.hidden is not None,
                 )
+                if state.hidden is not None:
+                    state.hidden[: len(prompt) - 1] = out[1][0]
             if self.drafter is not None:
                 self.drafter.start(prompt, slots)
             prefill_time = time.perf_counter() - start
@@ -304,11 +333,17 @@ class Decoder(ABC):
         """One draft -> score -> verify -> commit cycle; returns its log and extends ``state.tokens``."""
         committed = state.committed
         tree = self.draft(state, generator)
-        logits = run_tree(self.target, tree, list(range(len(tree))), committed)
+        nodes = list(range(len(tree)))
+        if state.hidden is None:
+            logits = run_tree(self.target, tree, nodes, committed)
+        else:
+            logits, hidden = run_tree(self.target, tree, nodes, committed, return_hidden=True)
         target_probs = self.sampling.probs(logits)
         outcome = self.verify(tree, target_probs, generator)
         accepted = outcome.path[1:]
         commit_path(self.target, committed, outcome.path)
+        if state.hidden is not None:  # the accepted path's features, in its committed slots
+            state.hidden[committed : committed + len(outcome.path)] = hidden[outcome.path]
         if self.drafter is not None:
             self.drafter.commit(state, tree, outcome.path)
         emitted = [tree.tokens[v] for v in accepted] + [outcome.token]

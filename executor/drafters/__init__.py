@@ -19,6 +19,9 @@ One module per drafter kind:
   ``PromptLookupCandidateGenerator``): the longest suffix n-gram (``max_ngram`` down to 1) of the context is
   searched for, first occurrence first, and the tokens that followed it are proposed. Its drafts are
   deterministic: ``q`` is one-hot, and lossless verification treats it so (logs say ``deterministic_drafts``).
+* :class:`FeatureDrafter` -- a trained feature-level head on the target's final hidden states (EAGLE, Li et al.,
+  ICML 2024, arXiv 2401.15077), with its own one-layer KV cache; it sets ``needs_target_hidden``, so the
+  decoder keeps the target's hidden states of the committed tokens in ``DecodingState.hidden``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ __all__ = [
     "Drafter",
     "default_drafter",
     "EarlyExitDrafter",
+    "FeatureDrafter",
+    "FeatureHead",
     "ModelDrafter",
     "PromptLookupDrafter",
     "parse_drafter",
@@ -74,6 +79,7 @@ class Drafter(Protocol):
 
 
 from executor.drafters.early_exit import EarlyExitDrafter  # noqa: E402  (the protocol above comes first)
+from executor.drafters.feature import FeatureDrafter, FeatureHead  # noqa: E402
 from executor.drafters.ngram import PromptLookupDrafter  # noqa: E402
 from executor.drafters.parse import DRAFTER_KINDS, default_drafter, parse_drafter  # noqa: E402
 from executor.drafters.separate_model import ModelDrafter  # noqa: E402

@@ -6,10 +6,10 @@ from executor.drafters.early_exit import EarlyExitDrafter
 from executor.drafters.ngram import PromptLookupDrafter
 from executor.drafters.separate_model import ModelDrafter
 
-__all__ = ["DRAFTER_KINDS", "default_drafter", "parse_drafter"]
+__all__ = ["DRAFTER_KINDS", "default_drafter", "feature_checkpoint", "parse_drafter"]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
-DRAFTER_KINDS = ("early-exit", "ngram", "model")
+DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature")
 
 
 def default_drafter(target) -> str:
@@ -27,7 +27,9 @@ def parse_drafter(spec: str, target, *, load=None):
     ``"early-exit:K"`` -> :class:`EarlyExitDrafter` on ``target`` with ``exit_layer = K``; ``"ngram"`` (or
     ``"ngram:N"`` for ``max_ngram = N``) -> :class:`PromptLookupDrafter`; ``"model:PATH"`` ->
     :class:`ModelDrafter` on the model ``load(PATH)`` returns (``load`` defaults to
-    :func:`executor.weights.load_model`, returning ``(model, tokenizer)``).
+    :func:`executor.weights.load_model`, returning ``(model, tokenizer)``); ``"feature"`` ->
+    :class:`FeatureDrafter` from the cached checkpoint for ``target`` (trained first, with a message, when there
+    is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``.
     """
     if not isinstance(spec, str):
         raise ValueError(
@@ -51,4 +53,38 @@ def parse_drafter(spec: str, target, *, load=None):
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         weight = target.tok_embeddings.weight
         return ModelDrafter(model.to(weight.device, weight.dtype).requires_grad_(False).eval(), name=spec)
-    raise ValueError(f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram' or 'model:PATH'")
+    if kind == "feature":
+        from executor.drafters.feature import FeatureDrafter
+
+        path = argument if argument else feature_checkpoint(target)
+        return FeatureDrafter.from_checkpoint(target, path, name=spec)
+    raise ValueError(
+        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH' or 'feature[:PATH]'"
+    )
+
+
+def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None, log=None):
+    """The newest cached feature-head checkpoint for ``target``; trains one first when there is none.
+
+    Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
+    receives the message saying that a drafter is being trained.
+    """
+    import sys
+
+    from executor.training.trainer import cached_checkpoints, train_drafter
+
+    found = cached_checkpoints(target, "feature")
+    if found:
+        return found[0]
+    if not train_if_missing:
+        return None
+    log = log or (lambda message: print(message, file=sys.stderr))
+    log(
+        "no trained feature drafter for this model in the cache: training one now on the standard library "
+        "(about 10 minutes, once; `specbound train-drafter --kind feature` does the same)"
+    )
+    if tokenizer is None:
+        from executor.weights import load_tokenizer
+
+        tokenizer = load_tokenizer()
+    return train_drafter(target, tokenizer, kind="feature")

@@ -1,0 +1,193 @@
+"""The feature-level draft head in every decoder: greedy equality, exact law at T > 0, its own KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from executor.decoders import (
+    AutoregressiveDecoder,
+    ChainDecoder,
+    DynamicTree,
+    MultiDraftDecoder,
+    Sampling,
+    TreeDecoder,
+)
+from executor.decoders import chain as chain_module
+from executor.drafters import FeatureDrafter, FeatureHead, parse_drafter
+from tests.executor.test_decoders import (
+    P_THRESHOLD,
+    PROMPT,
+    VOCAB,
+    _residual_from_target,
+    assert_same_cache,
+    exact_law,
+    flat_tiny_model,
+    g_test_p_value,
+    sample_outcomes,
+)
+
+
+def random_head(target, seed: int, vocab=None) -> FeatureHead:
+    """A head with every weight random (the output projections too, so its attention and cache matter)."""
+    head = FeatureHead(target.config, vocab)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape, generator=generator))
+            elif parameter.ndim == 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[1] ** 0.5)
+            else:
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
+    return head
+
+
+def drafter_for(target, seed: int = 1, vocab=None) -> FeatureDrafter:
+    return FeatureDrafter(target, random_head(target, seed, vocab))
+
+
+def greedy_decoders(target, vocab=None):
+    return {
+        "chain": ChainDecoder(target, drafter_for(target, vocab=vocab), gamma=4),
+        "multidraft": MultiDraftDecoder(target, drafter_for(target, vocab=vocab), n=3),
+        "tree-static": TreeDecoder(target, drafter_for(target, vocab=vocab), tree=[-1, 0, 0, 1, 1, 2, 3]),
+        "tree-dynamic": TreeDecoder(target, drafter_for(target, vocab=vocab), tree=DynamicTree(10, 4, 3)),
+    }
+
+
+@pytest.mark.parametrize("vocab", [None, [0, 1, 2, 3, 5, 8, 13]])
+def test_greedy_decoding_with_the_feature_head_equals_autoregressive_greedy(tiny_model, vocab):
+    target = tiny_model(21, vocab_size=16, max_seq_len=128)
+    for prompt in ([5], [1, 2, 3, 4], [7, 7, 1, 9, 7, 7]):
+        reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
+        for name, decoder in greedy_decoders(target, vocab).items():
+            result = decoder.generate(prompt, 40)
+            assert result.token_ids == reference, name
+            # The head really drafted (it is not silently stopping): some steps hold drafted nodes.
+            assert any(len(step.tokens) > 1 for step in result.steps), name
+
+
+SAMPLING = Sampling(temperature=1.0)
+
+
+def law_decoders(target):
+    return {
+        "chain": ChainDecoder(target, drafter_for(target, 2), gamma=3, sampling=SAMPLING),
+        "multidraft-rrs_wor": MultiDraftDecoder(
+            target, drafter_for(target, 2), n=3, verifier="rrs_wor", sampling=SAMPLING
+        ),
+        "tree-static": TreeDecoder(
+            target, drafter_for(target, 2), tree=[-1, 0, 0, 1, 1, 2], sampling=SAMPLING
+        ),
+        "chain-reduced-vocab": ChainDecoder(
+            target, drafter_for(target, 2, vocab=[0, 2, 3, 5, 7]), gamma=2, sampling=SAMPLING
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model):
+    return flat_tiny_model(tiny_model, 3)
+
+
+@pytest.mark.parametrize("kind", ["chain", "multidraft-rrs_wor", "tree-static", "chain-reduced-vocab"])
+def test_feature_head_decoders_reproduce_the_exact_target_law_of_the_next_three_tokens(target, kind):
+    decoder = law_decoders(target)[kind]
+    law = exact_law(target, SAMPLING)
+    assert np.max(law) < 0.5
+    samples = sample_outcomes(decoder, seed=11, count=600)
+    # The head drafted and was sometimes accepted and sometimes rejected: the verifier had work to do.
+    p_value = g_test_p_value(samples, law)
+    assert p_value > P_THRESHOLD, f"{kind}: G-test p = {p_value:.2e}"
+
+
+def test_law_test_rejects_a_broken_verifier_with_the_feature_head(target, monkeypatch):
+    """Negative control: the same samples and threshold catch a verifier that resamples from p."""
+    decoder = law_decoders(target)["chain"]
+    law = exact_law(target, SAMPLING)
+    monkeypatch.setattr(chain_module, "verify_chain", _residual_from_target)
+    p_value = g_test_p_value(sample_outcomes(decoder, seed=11, count=600), law)
+    assert p_value < P_THRESHOLD, f"the broken verifier went unnoticed: p = {p_value:.2e}"
+
+
+def head_cache(drafter, slots):
+    attention = drafter.head.layer.attention
+    return [torch.cat([attention.kv_cache.k[:, :, :slots], attention.kv_cache.v[:, :, :slots]])]
+
+
+def fresh_head_cache(target, head, text: list[int], length: int):
+    """The head's cache after feeding entries (h_{s-1}, x_s), s = 1..length, from a fresh target prefill."""
+    target.setup_cache(len(text))
+    with torch.no_grad():
+        _, hidden = target(torch.tensor([text[:length]]), torch.arange(length), return_hidden=True)
+        head.setup_cache(length)
+        slots = torch.arange(length)
+        head(target, hidden, torch.tensor([text[1 : length + 1]]), slots, slots + 1, slots <= slots[:, None])
+    attention = head.layer.attention
+    return [torch.cat([attention.kv_cache.k[:, :, :length], attention.kv_cache.v[:, :, :length]])]
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([[-1, 0, 1, 2], [-1, 0, 0, 1, 1, 2], [-1, 0, 0, 0], [-1, 0, 1, 1, 2, 0]]),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
+def test_head_cache_after_random_accept_reject_patterns_equals_a_fresh_prefill(
+    tiny_model, seed, shape, temperature
+):
+    target = flat_tiny_model(tiny_model, 3)
+    drafter = drafter_for(target, 5)
+    decoder = TreeDecoder(target, drafter, tree=shape, sampling=Sampling(temperature=temperature))
+    result = decoder.generate(PROMPT, 8, generator=torch.Generator().manual_seed(seed))
+    text = PROMPT + [token for step in result.steps for token in step.emitted]
+    assert drafter.length >= len(PROMPT) - 1
+    actual = head_cache(drafter, drafter.length)
+    # A second head object with the same weights, prefilled from scratch on the committed text.
+    expected = fresh_head_cache(target, random_head(target, 5), text, drafter.length)
+    assert_same_cache(actual, expected)
+
+
+def test_head_cache_check_catches_a_head_fed_its_own_features_after_acceptance(tiny_model):
+    """Negative control: keeping the drafted entries (built from the head's own features) differs."""
+    target = flat_tiny_model(tiny_model, 3)
+    drafter = drafter_for(target, 5)
+    original_commit = drafter.commit
+
+    def keep_drafted_entries(state, tree, accepted_path):
+        original_commit(state, tree, accepted_path)
+        drafter.length = state.committed + len(accepted_path) - 1  # wrongly trusts the drafted K/V
+
+    drafter.commit = keep_drafted_entries
+    decoder = ChainDecoder(target, drafter, gamma=3)
+    result = decoder.generate(PROMPT, 12)
+    text = PROMPT + [token for step in result.steps for token in step.emitted]
+    assert any(len(step.accepted_path) > 1 for step in result.steps)
+    expected = fresh_head_cache(target, random_head(target, 5), text, drafter.length)
+    with pytest.raises(AssertionError):
+        assert_same_cache(head_cache(drafter, drafter.length), expected)
+
+
+def test_reduced_vocabulary_gives_zero_draft_probability_outside_it(target):
+    drafter = drafter_for(target, 2, vocab=[1, 4, 6])
+    decoder = ChainDecoder(target, drafter, gamma=3, sampling=SAMPLING, log_distributions="full")
+    result = decoder.generate(PROMPT, 10, generator=torch.Generator().manual_seed(0))
+    for step in result.steps:
+        for node, token in enumerate(step.tokens[1:], start=1):
+            assert token in (1, 4, 6), f"drafted token {token} at node {node} is outside the draft vocabulary"
+
+
+def test_bad_feature_head_input_is_rejected(tiny_model):
+    target = tiny_model(0, vocab_size=VOCAB)
+    other = tiny_model(0, vocab_size=16)
+    with pytest.raises(ValueError, match="does not fit the target"):
+        FeatureDrafter(target, FeatureHead(other.config))
+    with pytest.raises(ValueError, match="vocab must be a non-empty"):
+        FeatureHead(target.config, [0, VOCAB])
+    with pytest.raises(ValueError, match="must be built on the target"):
+        ChainDecoder(other, FeatureDrafter(target, FeatureHead(target.config)))
+    with pytest.raises(ValueError, match="is not a directory"):
+        parse_drafter("feature:/nonexistent/checkpoint", target)
