@@ -19,6 +19,7 @@ COMMANDS = {
     "generate": "generate",
     "convert-log": "convert_log",
     "profile": "profile",
+    "train-drafter": "train_drafter",
 }
 
 
