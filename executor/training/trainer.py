@@ -265,7 +265,11 @@ def train_feature_head(
             progress_info["tokens"] += next_tokens.numel()
             progress_info["seconds"] += elapsed
             bar.update(min(round(progress_info["seconds"]), bar.total) - bar.n)
-            status.update(tokens=progress_info["tokens"], kl=f"{float(kl):.3f}", loss=f"{float(loss):.3f}")
+            status.update(
+                tokens=progress_info["tokens"],
+                kl=f"{float(kl.detach()):.3f}",
+                loss=f"{float(loss.detach()):.3f}",
+            )
             now = time.perf_counter()
             if now - last_eval > config.eval_seconds:
                 metrics = evaluate_head(head, target, held_out, max_chunks=4)
