@@ -166,7 +166,7 @@ def prepare_features(
     corpus=None,
     *,
     chunk_length: int = 512,
-    train_tokens: int = 163_840,
+    train_tokens: int = 65_536,
     held_out_tokens: int = 8_192,
     storage_dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,

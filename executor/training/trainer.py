@@ -52,7 +52,7 @@ STATE_NAME = "train_state.pt"
 class TrainConfig:
     """The recipe (it keys the checkpoint cache, with the target and the corpus)."""
 
-    minutes: float = 8.0
+    minutes: float = 6.0
     lr: float = 1e-3
     batch_size: int = 2
     feature_weight: float = 0.5
@@ -63,7 +63,7 @@ class TrainConfig:
     vocab: str = "auto"  # "full" | "reduced" | "auto" (reduced when its measured LM-head cost is < 0.8x)
     seed: int = 0
     save_seconds: float = 60.0
-    eval_seconds: float = 60.0
+    eval_seconds: float = 90.0
 
     def __post_init__(self) -> None:
         if not self.minutes > 0:
@@ -272,7 +272,7 @@ def train_feature_head(
             )
             now = time.perf_counter()
             if now - last_eval > config.eval_seconds:
-                metrics = evaluate_head(head, target, held_out, max_chunks=4)
+                metrics = evaluate_head(head, target, held_out, max_chunks=2)
                 status["heldout_summin"] = f"{metrics['sum_min']:.3f}"
                 last_eval = time.perf_counter()
             bar.set_postfix(status)
@@ -331,9 +331,9 @@ def train_drafter(
     *,
     kind: str = "feature",
     corpus=None,
-    minutes: float = 8.0,
+    minutes: float = 6.0,
     out: str | Path | None = None,
-    train_tokens: int = 163_840,
+    train_tokens: int = 65_536,
     held_out_tokens: int = 8_192,
     chunk_length: int = 512,
     config: TrainConfig | None = None,

@@ -10,7 +10,7 @@ HELP = "train a drafter (feature head) on the standard library or --corpus, with
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", default="feature", choices=["feature"], help="drafter kind to train")
-    parser.add_argument("--minutes", type=float, default=8.0, help="optimisation budget (default 8)")
+    parser.add_argument("--minutes", type=float, default=6.0, help="optimisation budget (default 6)")
     parser.add_argument(
         "--corpus", default=None, help="a directory of text/code files or a .jsonl of texts (default: stdlib)"
     )
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2)"
     )
     parser.add_argument(
-        "--train-tokens", type=int, default=163_840, help="training tokens to prefill (default 163840)"
+        "--train-tokens", type=int, default=65_536, help="training tokens to prefill (default 65536)"
     )
     parser.add_argument(
         "--vocab", default="auto", choices=["auto", "full", "reduced"], help="draft vocabulary"
