@@ -191,3 +191,32 @@ def test_bad_feature_head_input_is_rejected(tiny_model):
         ChainDecoder(other, FeatureDrafter(target, FeatureHead(target.config)))
     with pytest.raises(ValueError, match="is not a directory"):
         parse_drafter("feature:/nonexistent/checkpoint", target)
+
+
+def test_feature_names_the_cached_checkpoint_and_a_missing_one_is_trained_first(
+    tiny_model, tmp_path, monkeypatch
+):
+    from executor.drafters import parse as parse_module
+    from executor.training import checkpoint, trainer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_model(0, vocab_size=VOCAB)
+    head = random_head(target, 3)
+    fingerprint = checkpoint.model_fingerprint(target)
+    messages, trained = [], []
+
+    def fake_train(model, tokenizer, *, kind):
+        trained.append(kind)
+        directory = checkpoint.default_checkpoint_dir(kind, fingerprint, {"recipe": 1})
+        checkpoint.save_checkpoint(directory, head.state_dict(), {"kind": kind, "target": fingerprint})
+        return directory
+
+    monkeypatch.setattr(trainer, "train_drafter", fake_train)
+    assert parse_module.feature_checkpoint(target, train_if_missing=False) is None
+    path = parse_module.feature_checkpoint(target, tokenizer=object(), log=messages.append)
+    assert trained == ["feature"] and "training one now" in messages[0]
+    drafter = parse_drafter("feature", target)  # now found in the cache, not trained again
+    assert trained == ["feature"] and drafter.name == "feature"
+    assert parse_drafter(f"feature:{path}", target).name == f"feature:{path}"
+    # Another model has no checkpoint in the cache.
+    assert parse_module.feature_checkpoint(tiny_model(1, vocab_size=VOCAB), train_if_missing=False) is None

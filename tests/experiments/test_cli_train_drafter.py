@@ -1,0 +1,12 @@
+"""``specbound train-drafter``: bad options exit non-zero with the reason, before any model is loaded."""
+
+from __future__ import annotations
+
+from experiments.cli import main
+
+
+def test_bad_options_exit_with_the_reason(capsys):
+    assert main(["train-drafter", "--minutes", "0"]) == 2
+    assert "--minutes must be positive" in capsys.readouterr().err
+    assert main(["train-drafter", "--train-tokens", "10"]) == 2
+    assert "--train-tokens must be at least 1024" in capsys.readouterr().err
