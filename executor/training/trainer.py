@@ -59,7 +59,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup: float = 0.03
     ridge: float = 1e-3
-    ridge_rows: int = 65_536
+    ridge_rows: int = 32_768
     vocab: str = "auto"  # "full" | "reduced" | "auto" (reduced when its measured LM-head cost is < 0.8x)
     seed: int = 0
     save_seconds: float = 60.0
