@@ -94,6 +94,7 @@ def target(tiny_model):
     return flat_tiny_model(tiny_model, 3)
 
 
+@pytest.mark.slow  # like the other decoders' law tests: 600 generations each
 @pytest.mark.parametrize("kind", ["chain", "multidraft-rrs_wor", "tree-static", "chain-reduced-vocab"])
 def test_feature_head_decoders_reproduce_the_exact_target_law_of_the_next_three_tokens(target, kind):
     decoder = law_decoders(target)[kind]
@@ -105,6 +106,7 @@ def test_feature_head_decoders_reproduce_the_exact_target_law_of_the_next_three_
     assert p_value > P_THRESHOLD, f"{kind}: G-test p = {p_value:.2e}"
 
 
+@pytest.mark.slow
 def test_law_test_rejects_a_broken_verifier_with_the_feature_head(target, monkeypatch):
     """Negative control: the same samples and threshold catch a verifier that resamples from p."""
     decoder = law_decoders(target)["chain"]
