@@ -9,7 +9,9 @@ both RMS-normalised (EAGLE's two losses, Li et al., ICML 2024, arXiv 2401.15077)
 Before any gradient step, the head's input projection is set in closed form by ridge regression of the
 target's next normalised feature on ``[norm(h_t), E x_{t+1}, 1]`` (the decoder layer starts as the identity,
 so this is the best linear head; in drafters.md it was the single best trick measured). AdamW (Loshchilov &
-Hutter, ICLR 2019) then runs with a linear warm-up and a cosine decay over the *time* budget; every
+Hutter, ICLR 2019) then runs with a linear warm-up over ``warmup_steps`` steps and a cosine decay to 0.1x over
+the *time* budget, the projection at ``fc_lr_scale`` times the rate (full-rate Adam steps, being sign-like at
+first, would undo the ridge solution before the new layer learns anything); every
 ``save_seconds`` the head, the optimizer state, the step and the random state go to ``train_state.pt``
 (atomically), so an interrupted run continues where it stopped until the budget is spent.
 
@@ -57,7 +59,8 @@ class TrainConfig:
     batch_size: int = 2
     feature_weight: float = 0.5
     weight_decay: float = 0.0
-    warmup: float = 0.03
+    warmup_steps: int = 10
+    fc_lr_scale: float = 0.1  # the ridge-initialised projection moves 10x slower than the new layer
     ridge: float = 1e-3
     ridge_rows: int = 32_768
     vocab: str = "auto"  # "full" | "reduced" | "auto" (reduced when its measured LM-head cost is < 0.8x)
@@ -214,7 +217,11 @@ def train_feature_head(
     torch.manual_seed(config.seed)
     vocab, vocab_info = choose_vocab(target, train, config.vocab)
     head = FeatureHead(target.config, vocab)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    groups = [
+        {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
+        {"params": list(head.layer.parameters()), "scale": 1.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
     state_path = out_dir / STATE_NAME
     progress_info = {"steps": 0, "tokens": 0, "seconds": 0.0, "ridge_r2": None, "initial": None}
     if state_path.is_file():
@@ -243,10 +250,10 @@ def train_feature_head(
         while progress_info["seconds"] < budget:
             start = time.perf_counter()
             fraction = progress_info["seconds"] / budget
-            warm = min(1.0, fraction / config.warmup) if config.warmup > 0 else 1.0
+            warm = min(1.0, (progress_info["steps"] + 1) / (config.warmup_steps + 1))
             lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["scale"]
             index = torch.randint(len(train), (config.batch_size,), generator=generator)
             inputs, next_tokens, targets = _head_inputs(train, index)
             with torch.no_grad():
