@@ -6,7 +6,13 @@ from executor.drafters.early_exit import EarlyExitDrafter
 from executor.drafters.ngram import PromptLookupDrafter
 from executor.drafters.separate_model import ModelDrafter
 
-__all__ = ["DRAFTER_KINDS", "default_drafter", "feature_checkpoint", "parse_drafter"]
+__all__ = [
+    "DRAFTER_KINDS",
+    "default_drafter",
+    "feature_checkpoint",
+    "parse_drafter",
+    "trained_default_drafter",
+]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
 DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature")
@@ -88,3 +94,37 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
 
         tokenizer = load_tokenizer()
     return train_drafter(target, tokenizer, kind="feature")
+
+
+_FALLBACK_SAID: set[str] = set()
+
+
+def trained_default_drafter(target, fallback: str, *, train_if_missing: bool = False, log=None) -> str:
+    """``"feature"`` when a trained feature head is cached for ``target``, else ``fallback`` with a message.
+
+    The rule for the default drafter: the trained head when there is one. With ``train_if_missing`` (the main
+    job, ``specbound validate``) it is trained first on the standard library -- only when ``target`` has the
+    embedded model's vocabulary, which the corpus is tokenized with. The fallback message goes to ``log``
+    (default: stderr), once per process and fallback.
+    """
+    import sys
+
+    can_train = train_if_missing and _has_embedded_vocabulary(target)
+    if feature_checkpoint(target, train_if_missing=can_train, log=log) is not None:
+        return "feature"
+    if fallback not in _FALLBACK_SAID:
+        _FALLBACK_SAID.add(fallback)
+        (log or (lambda message: print(message, file=sys.stderr)))(
+            f"no trained feature drafter for this model in the cache; drafting with {fallback} "
+            "(train one with `specbound train-drafter --kind feature`)"
+        )
+    return fallback
+
+
+def _has_embedded_vocabulary(target) -> bool:
+    from executor.weights import load_tokenizer
+
+    try:
+        return load_tokenizer().vocab_size == target.config.vocab_size
+    except (ValueError, OSError):
+        return False

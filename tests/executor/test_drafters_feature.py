@@ -222,3 +222,28 @@ def test_feature_names_the_cached_checkpoint_and_a_missing_one_is_trained_first(
     assert parse_drafter(f"feature:{path}", target).name == f"feature:{path}"
     # Another model has no checkpoint in the cache.
     assert parse_module.feature_checkpoint(tiny_model(1, vocab_size=VOCAB), train_if_missing=False) is None
+
+
+def test_the_default_is_the_trained_head_when_cached_and_the_fallback_otherwise(
+    tiny_model, tmp_path, monkeypatch
+):
+    from executor.drafters import parse as parse_module
+    from executor.training import checkpoint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(parse_module, "_FALLBACK_SAID", set())
+    target = tiny_model(0, vocab_size=VOCAB)
+    messages = []
+    # No checkpoint, and a tiny vocabulary: no training on first use, the fallback with a message (once).
+    for _ in range(2):
+        spec = parse_module.trained_default_drafter(
+            target, "early-exit:1", train_if_missing=True, log=messages.append
+        )
+        assert spec == "early-exit:1"
+    assert len(messages) == 1 and "drafting with early-exit:1" in messages[0]
+    fingerprint = checkpoint.model_fingerprint(target)
+    directory = checkpoint.default_checkpoint_dir("feature", fingerprint, {"recipe": 1})
+    checkpoint.save_checkpoint(
+        directory, random_head(target, 3).state_dict(), {"kind": "feature", "target": fingerprint}
+    )
+    assert parse_module.trained_default_drafter(target, "early-exit:1") == "feature"
