@@ -158,7 +158,7 @@ def run_validation(config: ValidationConfig, out: str | os.PathLike, *, restart:
     write_json(manifest, manifest_path)
 
     model, tokenizer = load_model(config.model, dtype=config.dtype)
-    drafter = config.drafter or default_drafter(model)
+    drafter = config.drafter or default_drafter(model, train_if_missing=True)
     prompts = humaneval_prompts(config.prompts)
     units = [(spec, index) for spec in config.decoders for index in range(len(prompts))]
 

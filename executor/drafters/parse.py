@@ -18,13 +18,16 @@ __all__ = [
 DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature")
 
 
-def default_drafter(target) -> str:
-    """The drafter used when none is named: the target's first two thirds of layers (``"early-exit:K"``).
+def default_drafter(target, *, train_if_missing: bool = False) -> str:
+    """The drafter used when none is named: the trained feature head when one is cached for ``target``.
 
-    The one default of :func:`executor.generate.generate` and ``specbound validate``; on SmolLM2-135M (30
-    layers) it is ``"early-exit:20"``, the drafter of the documented validation run.
+    The one default of :func:`executor.generate.generate` and ``specbound validate`` (which passes
+    ``train_if_missing=True`` and so trains the head on first use, see :func:`trained_default_drafter`).
+    Without a checkpoint: the target's first two thirds of layers (``"early-exit:K"``; ``"early-exit:20"`` on
+    SmolLM2-135M), with a message saying so.
     """
-    return f"early-exit:{max(target.config.n_layers * 2 // 3, 1)}"
+    fallback = f"early-exit:{max(target.config.n_layers * 2 // 3, 1)}"
+    return trained_default_drafter(target, fallback, train_if_missing=train_if_missing)
 
 
 def parse_drafter(spec: str, target, *, load=None):

@@ -26,7 +26,7 @@ from tests.executor.test_decoders import (
     assert_same_cache,
     exact_law,
     flat_tiny_model,
-    g_test_p_value,
+    outcome_p_value,
     sample_outcomes,
 )
 
@@ -102,7 +102,7 @@ def test_feature_head_decoders_reproduce_the_exact_target_law_of_the_next_three_
     assert np.max(law) < 0.5
     samples = sample_outcomes(decoder, seed=11, count=600)
     # The head drafted and was sometimes accepted and sometimes rejected: the verifier had work to do.
-    p_value = g_test_p_value(samples, law)
+    p_value = outcome_p_value(samples, law)
     assert p_value > P_THRESHOLD, f"{kind}: G-test p = {p_value:.2e}"
 
 
@@ -112,7 +112,7 @@ def test_law_test_rejects_a_broken_verifier_with_the_feature_head(target, monkey
     decoder = law_decoders(target)["chain"]
     law = exact_law(target, SAMPLING)
     monkeypatch.setattr(chain_module, "verify_chain", _residual_from_target)
-    p_value = g_test_p_value(sample_outcomes(decoder, seed=11, count=600), law)
+    p_value = outcome_p_value(sample_outcomes(decoder, seed=11, count=600), law)
     assert p_value < P_THRESHOLD, f"the broken verifier went unnoticed: p = {p_value:.2e}"
 
 
