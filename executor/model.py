@@ -92,6 +92,21 @@ class ModelConfig:
         return self.dim // self.n_heads
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:math:`x W^T` for activations ``x`` of shape ``(..., in)`` and a row-major weight ``W`` (out, in).
+
+    On the CPU, a matrix-vector product (one row) goes to ``F.linear``; with several rows the product is
+    formed as :math:`(W x^T)^T`, so the BLAS sees the tall weight as the long side of the GEMM. MKL's
+    small-M kernels are slow for ``x @ W.T`` (2 rows of the 49152-row LM head cost 2x one row); the
+    transposed formulation reads the weight once (measured in ``docs/benchmarks/model_forward.md``). Same
+    products and sums, so the result differs from ``F.linear`` only by float round-off.
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 1 or x.device.type != "cpu":
+        return F.linear(x, weight)
+    return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class RMSNorm(nn.Module):
     """:math:`x / \\sqrt{\\mathrm{mean}(x^2) + \\varepsilon} \\cdot w`, normalised in float32 (as in HF)."""
 
@@ -101,6 +116,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
@@ -132,19 +149,47 @@ class KVCache(nn.Module):
         self.v.index_copy_(2, destination, self.v.index_select(2, source))
 
 
+def _fuse_on_load(parts: tuple[str, ...], fused: str):
+    """A load-state-dict pre-hook concatenating the rows of the checkpoint's ``parts`` into ``fused``."""
+
+    def hook(module, state_dict, prefix, *args) -> None:
+        if all(prefix + part in state_dict for part in parts):
+            state_dict[prefix + fused] = torch.cat([state_dict.pop(prefix + part) for part in parts])
+
+    return hook
+
+
+def _split_on_save(parts: dict[str, int], fused: str):
+    """A state-dict post-hook splitting ``fused`` back into the documented ``parts`` (name -> rows)."""
+
+    def hook(module, state_dict, prefix, local_metadata) -> None:
+        weight = state_dict.pop(prefix + fused)
+        # Copies, not views: a checkpoint writer (safetensors) refuses tensors that share storage.
+        for part, chunk in zip(parts, weight.split(list(parts.values())), strict=True):
+            state_dict[prefix + part] = chunk.clone()
+
+    return hook
+
+
 class Attention(nn.Module):
-    """Grouped-query self-attention over the KV-cache slots ``[0, S)`` under a boolean mask."""
+    """Grouped-query self-attention over the KV-cache slots ``[0, S)`` under a boolean mask.
+
+    The query, key and value projections are one ``wqkv`` matrix (rows ``[W_q; W_k; W_v]``, as in gpt-fast);
+    the state dict still holds ``wq``, ``wk`` and ``wv`` (split on save, concatenated on load).
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        self.wqkv = nn.Linear(config.dim, q_rows + 2 * kv_rows, bias=False)
+        self.wo = nn.Linear(q_rows, config.dim, bias=False)
         self.kv_cache: KVCache | None = None
+        parts = {"wq.weight": q_rows, "wk.weight": kv_rows, "wv.weight": kv_rows}
+        self.register_load_state_dict_pre_hook(_fuse_on_load(tuple(parts), "wqkv.weight"))
+        self.register_state_dict_post_hook(_split_on_save(parts, "wqkv.weight"))
 
     def forward(
         self,
@@ -152,38 +197,46 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache_positions: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        slots: int,
     ) -> torch.Tensor:
+        """``attention_mask``: additive, shape (T, slots), or ``None`` when every query sees every slot."""
         batch, length, _ = x.shape
-        q = self.wq(x).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        heads = self.n_heads + self.n_kv_heads
+        qkv = linear(x, self.wqkv.weight).view(batch, length, heads + self.n_kv_heads, self.head_dim)
+        # RoPE on the query and key heads in one pass (cos, sin broadcast over heads).
+        qk, v = qkv[:, :, :heads].transpose(1, 2), qkv[:, :, heads:].transpose(1, 2)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         self.kv_cache.write(cache_positions, k, v)
-        slots = attention_mask.shape[-1]
         keys = self.kv_cache.k[:, :, :slots]
         values = self.kv_cache.v[:, :, :slots]
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:
-            # Query head h reads key/value head h // group, as in Hugging Face's repeat_kv.
-            keys = keys.repeat_interleave(group, dim=1)
-            values = values.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask)
-        return self.wo(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
+        # Query head h reads key/value head h // group (Hugging Face's repeat_kv), without copying K/V.
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        return linear(
+            out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim), self.wo.weight
+        )
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: :math:`W_2(\\mathrm{silu}(W_1 x) \\odot W_3 x)` (w1 = gate, w3 = up, w2 = down)."""
+    """SwiGLU: :math:`W_2(\\mathrm{silu}(W_1 x) \\odot W_3 x)` (w1 = gate, w3 = up, w2 = down).
+
+    Gate and up projections are one ``w13`` matrix (rows ``[W_1; W_3]``); the state dict holds ``w1``, ``w3``.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.w13 = nn.Linear(config.dim, 2 * config.hidden_dim, bias=False)
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
-        self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        parts = {"w1.weight": config.hidden_dim, "w3.weight": config.hidden_dim}
+        self.register_load_state_dict_pre_hook(_fuse_on_load(tuple(parts), "w13.weight"))
+        self.register_state_dict_post_hook(_split_on_save(parts, "w13.weight"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = linear(x, self.w13.weight).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w2.weight)
 
 
 class TransformerBlock(nn.Module):
@@ -199,8 +252,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, cache_positions, attention_mask) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache_positions, attention_mask)
+    def forward(self, x, cos, sin, cache_positions, attention_mask, slots) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache_positions, attention_mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -230,6 +283,9 @@ class Transformer(nn.Module):
         self.output = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
         self.cache_slots = 0
         self.cache_batch_size = 0
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A replacement for layers_and_head (the compiled step of executor.compiled); None runs it eagerly.
+        self.step = None
 
     def setup_cache(self, max_seq_len: int | None = None, batch_size: int = 1) -> None:
         """(Re)allocate a zeroed static KV cache of ``max_seq_len`` slots per layer.
@@ -254,6 +310,10 @@ class Transformer(nn.Module):
             )
         self.cache_slots = slots
         self.cache_batch_size = batch_size
+        # RoPE cos/sin for every position a cache slot can hold (a plain attribute: run-time state).
+        self._rope_table = self._rope_angles(
+            torch.arange(max(slots, self.config.max_seq_len), device=weight.device)
+        )
 
     def forward(
         self,
@@ -302,18 +362,38 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"exit_layer must be an integer in [0, {self.config.n_layers}], got {exit_layer!r}"
             )
-        if attention_mask is None:
-            slots = int(cache_positions.max()) + 1
-            attention_mask = torch.arange(slots, device=tokens.device) <= cache_positions[:, None]
         cos, sin = self._rope(cache_positions if positions is None else positions)
         x = self.tok_embeddings(tokens)
-        for layer in self.layers[:n_layers]:
-            x = layer(x, cos, sin, cache_positions, attention_mask)
-        hidden = x
-        x = self.norm(x)
-        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        logits = F.linear(x, weight).float()
+        slots, mask = self._additive_mask(cache_positions, attention_mask, x.dtype)
+        step = self.layers_and_head if self.step is None else self.step
+        logits, hidden = step(x, cos, sin, cache_positions, mask, slots, n_layers)
         return (logits, hidden) if return_hidden else logits
+
+    def layers_and_head(self, x, cos, sin, cache_positions, mask, slots: int, n_layers: int):
+        """The tensor work of :meth:`forward` after the embedding: ``n_layers`` layers, final norm, LM head.
+
+        Returns ``(logits, hidden)``. :func:`executor.compiled.compile_model` sets ``self.step`` to a compiled
+        version of this method, which :meth:`forward` then calls instead.
+        """
+        for layer in self.layers[:n_layers]:
+            x = layer(x, cos, sin, cache_positions, mask, slots)
+        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return linear(self.norm(x), weight).float().contiguous(), x
+
+    @staticmethod
+    def _additive_mask(cache_positions, attention_mask, dtype) -> tuple[int, torch.Tensor | None]:
+        """The number of key slots and the mask as SDPA's additive form (0 or -inf), built once per call.
+
+        ``None`` when every query sees every slot (one new token under the default causal mask): SDPA then
+        skips the mask, and the result is the same.
+        """
+        if attention_mask is None:
+            slots = int(cache_positions.max()) + 1
+            if cache_positions.numel() == 1:
+                return slots, None
+            attention_mask = torch.arange(slots, device=cache_positions.device) <= cache_positions[:, None]
+        additive = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+        return attention_mask.shape[-1], additive.masked_fill_(~attention_mask, float("-inf"))
 
     def copy_cache_slots(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         """Copy the K/V of every layer from cache slots ``source`` to slots ``destination`` (both shape (K,)).
@@ -336,6 +416,24 @@ class Transformer(nn.Module):
             layer.attention.kv_cache.copy_slots(source, destination)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and ``sin`` of the RoPE angles at ``positions``, shape (T, head_dim), parameter dtype.
+
+        Rows of the table built by :meth:`setup_cache` when it covers ``positions`` (the same numbers), else
+        computed here.
+        """
+        table = self._rope_table
+        weight = self.tok_embeddings.weight
+        if (
+            table is not None
+            and table[0].dtype == weight.dtype
+            and table[0].device == positions.device
+            and int(positions.max()) < table[0].shape[0]
+            and int(positions.min()) >= 0
+        ):
+            return table[0][positions], table[1][positions]
+        return self._rope_angles(positions)
+
+    def _rope_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Angles in float32 (as Hugging Face computes them), then cast to the activations' dtype. The
         # frequencies are recomputed rather than stored, so a model built on the meta device needs no fix-up.
         head_dim = self.config.head_dim

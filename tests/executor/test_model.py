@@ -396,3 +396,78 @@ def test_forward_rejects_bad_input(tiny_model):
         Transformer(model.config)(tokens, slots)
     with pytest.raises(ValueError, match="max_seq_len"):
         model.setup_cache(0)
+
+
+# --- the fast paths: fused projections, the CPU linear, the RoPE table, the additive mask ------------------
+
+
+def test_fused_projections_hold_the_checkpoint_rows_in_order(tiny_model):
+    model = tiny_model(6, n_layers=1)
+    state = model.state_dict()
+    attention, feed_forward = model.layers[0].attention, model.layers[0].feed_forward
+    expected_qkv = torch.cat([state[f"layers.0.attention.{name}.weight"] for name in ("wq", "wk", "wv")])
+    expected_13 = torch.cat([state[f"layers.0.feed_forward.{name}.weight"] for name in ("w1", "w3")])
+    torch.testing.assert_close(attention.wqkv.weight, expected_qkv, atol=0, rtol=0)
+    torch.testing.assert_close(feed_forward.w13.weight, expected_13, atol=0, rtol=0)
+
+
+@given(seed=seeds)
+def test_loading_the_split_state_dict_into_a_fresh_model_reproduces_the_weights(tiny_model, seed):
+    model = tiny_model(seed)
+    state = model.state_dict()
+    copy = Transformer(model.config)
+    copy.load_state_dict(state)
+    for name, value in copy.state_dict().items():
+        torch.testing.assert_close(value, state[name], atol=0, rtol=0)
+    # The saved parts are copies: writing to them leaves the model alone (safetensors needs unshared tensors).
+    state["layers.0.attention.wk.weight"].add_(1.0)
+    assert not torch.equal(
+        model.state_dict()["layers.0.attention.wk.weight"], state["layers.0.attention.wk.weight"]
+    )
+
+
+def test_a_swapped_fusion_order_is_caught_by_the_reference(tiny_model):
+    # Negative control: fusing [w3; w1] instead of [w1; w3] must change the logits away from the reference.
+    model = tiny_model(7)
+    tokens = [1, 4, 2, 9]
+    expected = reference_logits(model, tokens)
+    for layer in model.layers:
+        gate, up = layer.feed_forward.w13.weight.chunk(2)
+        layer.feed_forward.w13.weight.copy_(torch.cat([up, gate]))
+    assert (fresh_logits(model, tokens).double() - expected).abs().max() > 1e-2
+
+
+@given(n=st.integers(1, 70), rows=st.sampled_from([1, 7, 64, 300]), seed=seeds)
+def test_cpu_linear_equals_f_linear_up_to_round_off(n, rows, seed):
+    from executor.model import linear
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, n, 24, generator=generator)
+    weight = torch.randn(rows, 24, generator=generator)
+    result = linear(x, weight)
+    assert result.shape == (1, n, rows)
+    torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+def test_rope_table_rows_equal_the_computed_angles_and_far_positions_fall_back(tiny_model):
+    model = tiny_model(0, max_seq_len=16)
+    model.setup_cache(8)
+    positions = torch.tensor([0, 3, 15])
+    for table, computed in zip(model._rope(positions), model._rope_angles(positions), strict=True):
+        torch.testing.assert_close(table, computed, atol=0, rtol=0)
+    far = torch.tensor([2, 40])  # beyond the table (max(slots, max_seq_len) = 16 rows): computed instead
+    for got, computed in zip(model._rope(far), model._rope_angles(far), strict=True):
+        torch.testing.assert_close(got, computed, atol=0, rtol=0)
+
+
+@given(seed=seeds, data=st.data())
+def test_single_token_without_mask_equals_the_explicit_causal_mask(tiny_model, seed, data):
+    model = tiny_model(seed)
+    tokens = random_tokens(data, model.config.vocab_size, 2, 10)
+    fresh_logits(model, tokens[:-1])
+    slot = torch.tensor([len(tokens) - 1])
+    implicit = model(torch.tensor([tokens[-1:]]), slot)
+    explicit = model(
+        torch.tensor([tokens[-1:]]), slot, attention_mask=torch.ones(1, len(tokens), dtype=torch.bool)
+    )
+    torch.testing.assert_close(implicit, explicit, atol=0, rtol=0)
