@@ -92,19 +92,36 @@ class ModelConfig:
         return self.dim // self.n_heads
 
 
+# Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); without it, oneDNN's bfloat16 GEMM costs
+# about one matrix-vector product per row of activations.
+NATIVE_CPU_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+_UPCAST_BLOCK_ROWS = 4096  # a float32 block of 4096 x 576 (9 MB) stays in the L3 cache
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """:math:`x W^T` for activations ``x`` of shape ``(..., in)`` and a row-major weight ``W`` (out, in).
 
-    On the CPU, a matrix-vector product (one row) goes to ``F.linear``; with several rows the product is
-    formed as :math:`(W x^T)^T`, so the BLAS sees the tall weight as the long side of the GEMM. MKL's
-    small-M kernels are slow for ``x @ W.T`` (2 rows of the 49152-row LM head cost 2x one row); the
-    transposed formulation reads the weight once (measured in ``docs/benchmarks/model_forward.md``). Same
-    products and sums, so the result differs from ``F.linear`` only by float round-off.
+    The formulation is chosen by measurement on the CPU (``docs/benchmarks/model_forward.md``); every one
+    forms the same products and differs from ``F.linear`` only in summation order (float round-off):
+
+    * one row of activations, or not on the CPU: ``F.linear``;
+    * a tall weight (the LM head, ``out >= 8 in``): :math:`(W x^T)^T`, so that MKL sees the 49152 rows as
+      the long side of the GEMM (``x @ W.T`` with 2 rows costs twice one row there);
+    * bfloat16 with 4 or more rows and no native bfloat16 unit: blocks of ``W`` upcast to float32 and
+      multiplied in float32 (bfloat16 products are exact in float32; the sums are float32 either way), then
+      rounded to bfloat16 as oneDNN rounds its float32 accumulator.
     """
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] == 1 or x.device.type != "cpu":
         return F.linear(x, weight)
-    return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
+    shape = (*x.shape[:-1], weight.shape[0])
+    if weight.dtype == torch.bfloat16 and rows.shape[0] >= 4 and not NATIVE_CPU_BF16:
+        columns = rows.float().T
+        blocks = [block.float() @ columns for block in weight.split(_UPCAST_BLOCK_ROWS)]
+        return torch.cat(blocks).T.to(weight.dtype).reshape(shape)
+    if weight.shape[0] >= 8 * weight.shape[1]:
+        return (weight @ rows.T).T.reshape(shape)
+    return F.linear(x, weight)
 
 
 class RMSNorm(nn.Module):

@@ -471,3 +471,18 @@ def test_single_token_without_mask_equals_the_explicit_causal_mask(tiny_model, s
         torch.tensor([tokens[-1:]]), slot, attention_mask=torch.ones(1, len(tokens), dtype=torch.bool)
     )
     torch.testing.assert_close(implicit, explicit, atol=0, rtol=0)
+
+
+@given(n=st.integers(1, 12), rows=st.sampled_from([5, 300, 5000]), seed=seeds)
+def test_cpu_linear_in_bfloat16_equals_f_linear_up_to_one_rounding(n, rows, seed):
+    # Several rows go through float32 blocks: the products are exact and the sums float32 in both, so the
+    # results differ by at most one bfloat16 rounding step (relative 2**-8) of the float32 value.
+    from executor.model import linear
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, 24, generator=generator).bfloat16()
+    weight = torch.randn(rows, 24, generator=generator).bfloat16()
+    exact = x.double() @ weight.double().T
+    result = linear(x, weight)
+    assert result.dtype == torch.bfloat16 and result.shape == (2, n, rows)
+    assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all()
