@@ -15,7 +15,9 @@ Run::
 
     python -m experiments.bench_model_forward [--n 1 2 4 8 16 32 64] [--dtypes float32 bfloat16] \
         [--variants baseline eager compiled] [--context 256] [--repeats 15] [--threads 2] \
-        [--out runs/bench_model_forward.json]
+        [--out runs/bench_model_forward.json] [--profile 1 8]
+
+``--profile N ...`` also prints (and stores) ``torch.profiler``'s self-CPU time per aten op at those n.
 """
 
 from __future__ import annotations
@@ -125,6 +127,34 @@ def measure(variants: dict, ns, context: int, repeats: int, seed: int) -> dict:
     return results
 
 
+def profile_ops(variants: dict, n: int, context: int, repeats: int, rows: int = 12) -> dict:
+    """``torch.profiler`` self-CPU time per aten op (ms per forward) over ``repeats`` forwards of n tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tables = {}
+    with torch.no_grad():
+        for name, model in variants.items():
+            tokens = torch.zeros((1, n), dtype=torch.long)
+            model(torch.zeros((1, context), dtype=torch.long), torch.arange(context))
+            model(tokens, torch.arange(context, context + n))
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(repeats):
+                    model(tokens, torch.arange(context, context + n))
+            events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+            total = sum(e.self_cpu_time_total for e in events) / 1e3 / repeats
+            tables[name] = {
+                "total_ms": total,
+                "ops": [
+                    {"op": e.key, "ms": e.self_cpu_time_total / 1e3 / repeats, "calls": e.count // repeats}
+                    for e in events[:rows]
+                ],
+            }
+            print(f"\nprofile {name} n={n}: {total:.1f} ms of self CPU time per forward")
+            for op in tables[name]["ops"]:
+                print(f"  {op['op']:<55}{op['ms']:8.2f} ms {op['calls']:6d} calls")
+    return tables
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -136,6 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
     parser.add_argument("--out", default="runs/bench_model_forward.json")
+    parser.add_argument(
+        "--profile", type=int, nargs="*", metavar="N", help="also print torch.profiler op tables at these n"
+    )
     args = parser.parse_args(argv)
     for name in args.variants:
         if name not in VARIANTS:
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "results": {},
         "compile_seconds": {},
+        "profiles": {},
     }
     for dtype_name in args.dtypes:
         variants, compile_seconds = build_variants(
@@ -162,6 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
         )
         report["compile_seconds"][dtype_name] = compile_seconds
         report["results"][dtype_name] = measure(variants, args.n, args.context, args.repeats, args.seed)
+        report["profiles"][dtype_name] = {
+            n: profile_ops(variants, n, args.context, args.repeats) for n in args.profile or []
+        }
         del variants
     report["config"]["load_average_at_end"] = os.getloadavg()
     write_json(report, args.out)
