@@ -274,6 +274,17 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def _align_parameters(module: nn.Module, incompatible_keys) -> None:
+    """Copy loaded parameters that do not start on a 64-byte boundary (e.g. from a safetensors buffer).
+
+    MKL's GEMM rounds differently on unaligned data (the ``(W x^T)^T`` head differs by ~1e-5 between an
+    aligned and an unaligned copy of the same weight), and the same weights must give the same logits.
+    """
+    for parameter in module.parameters():
+        if parameter.device.type == "cpu" and parameter.data_ptr() % 64:
+            parameter.data = parameter.data.clone()
+
+
 class Transformer(nn.Module):
     """A llama-family decoder with a static KV cache, tree attention and early exit.
 
@@ -303,6 +314,7 @@ class Transformer(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # A replacement for layers_and_head (the compiled step of executor.compiled); None runs it eagerly.
         self.step = None
+        self.register_load_state_dict_post_hook(_align_parameters)
 
     def setup_cache(self, max_seq_len: int | None = None, batch_size: int = 1) -> None:
         """(Re)allocate a zeroed static KV cache of ``max_seq_len`` slots per layer.

@@ -486,3 +486,22 @@ def test_cpu_linear_in_bfloat16_equals_f_linear_up_to_one_rounding(n, rows, seed
     result = linear(x, weight)
     assert result.dtype == torch.bfloat16 and result.shape == (2, n, rows)
     assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all()
+
+
+def test_loading_unaligned_weights_gives_bit_identical_logits(tiny_model):
+    # A safetensors buffer can place a tensor off a 64-byte boundary, where MKL rounds differently; the loader
+    # copies such parameters, so equal weights give equal logits.
+    model = tiny_model(8, vocab_size=4096, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=64)
+    state = model.state_dict()
+    unaligned = {}
+    for name, value in state.items():
+        buffer = torch.empty(value.numel() + 1)
+        unaligned[name] = buffer[1:].view(value.shape).copy_(value)
+    copy = Transformer(model.config)
+    copy.load_state_dict(unaligned, assign=True)
+    assert all(parameter.data_ptr() % 64 == 0 for parameter in copy.parameters())
+    copy.requires_grad_(False).eval()
+    for m in (model, copy):
+        m.setup_cache(16)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5]])
+    torch.testing.assert_close(copy(tokens, torch.arange(9)), model(tokens, torch.arange(9)), atol=0, rtol=0)
