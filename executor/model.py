@@ -107,7 +107,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     * one row of activations, or not on the CPU: ``F.linear``;
     * a tall weight (the LM head, ``out >= 8 in``): :math:`(W x^T)^T`, so that MKL sees the 49152 rows as
       the long side of the GEMM (``x @ W.T`` with 2 rows costs twice one row there);
-    * bfloat16 with 4 or more rows and no native bfloat16 unit: blocks of ``W`` upcast to float32 and
+    * bfloat16 with 8 or more rows and no native bfloat16 unit: blocks of ``W`` upcast to float32 and
       multiplied in float32 (bfloat16 products are exact in float32; the sums are float32 either way), then
       rounded to bfloat16 as oneDNN rounds its float32 accumulator.
     """
@@ -115,7 +115,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] == 1 or x.device.type != "cpu":
         return F.linear(x, weight)
     shape = (*x.shape[:-1], weight.shape[0])
-    if weight.dtype == torch.bfloat16 and rows.shape[0] >= 4 and not NATIVE_CPU_BF16:
+    if weight.dtype == torch.bfloat16 and rows.shape[0] >= 8 and not NATIVE_CPU_BF16:
         columns = rows.float().T
         blocks = [block.float() @ columns for block in weight.split(_UPCAST_BLOCK_ROWS)]
         return torch.cat(blocks).T.to(weight.dtype).reshape(shape)

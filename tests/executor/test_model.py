@@ -473,9 +473,9 @@ def test_single_token_without_mask_equals_the_explicit_causal_mask(tiny_model, s
     torch.testing.assert_close(implicit, explicit, atol=0, rtol=0)
 
 
-@given(n=st.integers(1, 12), rows=st.sampled_from([5, 300, 5000]), seed=seeds)
+@given(n=st.integers(1, 20), rows=st.sampled_from([5, 300, 5000]), seed=seeds)
 def test_cpu_linear_in_bfloat16_equals_f_linear_up_to_one_rounding(n, rows, seed):
-    # Several rows go through float32 blocks: the products are exact and the sums float32 in both, so the
+    # 8+ rows go through float32 blocks: the products are exact and the sums float32 in both, so the
     # results differ by at most one bfloat16 rounding step (relative 2**-8) of the float32 value.
     from executor.model import linear
 
