@@ -1,0 +1,386 @@
+"""Calibration: the acceptance and latency profiles the theory needs, from the calibration half of the prompts.
+
+The a-priori loop predicts every decoder's tokens per step :math:`\\tau` and speedup *before* it runs, from a
+profile measured once per drafter and temperature on prompts the evaluation never sees (the split is fixed by
+the seed, :func:`split_prompts`). The profile is built from the executor's step logs of a calibration chain:
+each *verification event* (a node on the accepted path whose children were drafted) contributes one record,
+:func:`event_record`, holding the theory's exact acceptance for every question the predictors ask at that
+node:
+
+* ``chain`` -- :math:`\\sum_x \\min(p, q)`, the acceptance of one speculative-sampling draft (Leviathan et
+  al., ICML 2023, arXiv 2211.17192); its mean over the events at depth ``d`` is the conditional acceptance of
+  position ``d + 1`` (the positional acceptance of a chain);
+* ``ranks`` -- the probability that the ``k``-th child (drawn with the tree verifier's draft law) is the
+  accepted one, :math:`\\alpha_k - \\alpha_{k-1}` with :math:`\\alpha_k` the verifier's exact acceptance with
+  ``k`` drafts: Sequoia's positional acceptance vector, per depth (Chen et al., NeurIPS 2024,
+  arXiv 2402.12374, §3.1);
+* ``grid`` -- at the root, the acceptance of each multi-draft verifier with ``n`` drafts, and ``bound`` its
+  optimum :func:`theory.optimal_acceptance` for the same draft law (Hu et al., ICLR 2025, arXiv 2502.18779);
+* ``confidence`` -- the draft's top-1 probability (temperature 1), for the confidence-bucket model of the
+  length rules (Kangaroo, arXiv 2404.18911; SpecDec++, arXiv 2405.19715).
+
+At temperature 0 the logged distributions are one-hot; the rank of the target's argmax among the draft
+logits (kept by :class:`RecordingDrafter`) then decides every acceptance exactly: ``k`` top drafts are
+accepted iff that rank is at most ``k``.
+
+Using the exact per-event acceptance instead of the 0/1 outcome (Rao-Blackwellisation) keeps the expectation
+and lowers the variance of the profile. :func:`calibrate` turns event records and a latency profile into a
+:class:`Calibration`; it is pure numpy so that it can be tested on synthetic logs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "Calibration",
+    "LatencyProfile",
+    "RecordingDrafter",
+    "calibrate",
+    "event_record",
+    "measure_target_latency",
+    "read_latency",
+    "split_prompts",
+    "tree_width",
+    "verification_events",
+]
+
+#: A depth needs this many calibration events of its own; shallower estimates are carried down otherwise.
+MIN_EVENTS = 5
+
+
+def tree_width(temperature: float) -> int:
+    """Children per node the tree predictors consider: the exact RRS-without-replacement acceptance with
+    three or more drafts needs a small vocabulary, so sampled trees have at most 2 children per node; at
+    temperature 0 the children are the draft's top tokens and any rank is exact."""
+    return 4 if temperature == 0 else 2
+
+
+def split_prompts(count: int, seed: int) -> tuple[list[int], list[int]]:
+    """Split prompt indices ``0 .. count-1`` into a calibration half and an evaluation half, fixed by ``seed``.
+
+    The calibration half gets ``count // 2`` prompts (at least one), the evaluation half the rest; both are
+    sorted. ``count >= 2``.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+        raise ValueError(
+            f"prompts must be an integer >= 2 (one to calibrate, one to evaluate), got {count!r}"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    half = max(count // 2, 1)
+    return sorted(int(i) for i in order[:half]), sorted(int(i) for i in order[half:])
+
+
+def verification_events(step):
+    """Yield ``(row, node, n_children, accepted, depth)`` for each verified node of one step log.
+
+    ``row`` indexes the step's logged distributions. Expanded nodes off the accepted path were never verified
+    (the walk did not reach them) and yield nothing.
+    """
+    on_path = {node: depth for depth, node in enumerate(step.accepted_path)}
+    for row, node in enumerate(step.expanded):
+        if node in on_path:
+            depth = on_path[node]
+            n_children = sum(1 for parent in step.parents if parent == node)
+            yield row, node, n_children, depth + 1 < len(step.accepted_path), depth
+
+
+def event_record(
+    p: np.ndarray,
+    q: np.ndarray,
+    draft_logits: np.ndarray,
+    *,
+    temperature: float,
+    depth: int,
+    n_children: int,
+    accepted: bool,
+    verifier: str,
+    tree_verifier: str = "rrs_wor",
+    grid: tuple[tuple[str, int], ...] = (),
+) -> dict:
+    """Everything the predictors need from one verification event (see the module docstring).
+
+    ``verifier`` is the run's own verifier (``"rrs"`` for a chain); ``replay`` is its exact acceptance with
+    the event's ``n_children`` drafts, the replay check of the executor against the theory. ``grid`` lists
+    the ``(verifier, n)`` pairs whose root acceptance and optimum are recorded (only at depth 0).
+    """
+    import theory
+
+    logits = np.asarray(draft_logits, dtype=np.float64)
+    finite = logits[np.isfinite(logits)]
+    shifted = np.exp(finite - finite.max())
+    record = {
+        "depth": int(depth),
+        "children": int(n_children),
+        "accepted": int(bool(accepted)),
+        "confidence": float(1.0 / shifted.sum()),
+    }
+    width = tree_width(temperature)
+    if temperature == 0:
+        target = int(np.argmax(p))
+        rank = 1 + int(np.sum(logits > logits[target]) + np.sum(logits[:target] == logits[target]))
+        record["chain"] = float(rank == 1)
+        record["ranks"] = [float(rank == k) for k in range(1, width + 1)]
+        record["replay"] = float(rank <= n_children)
+        if depth == 0:
+            record["grid"] = {f"{name}-n{n}": float(rank <= n) for name, n in grid}
+            record["bound"] = dict(record["grid"])
+        return record
+    record["chain"] = float(theory.acceptance_rate(p, q))
+    tree_check = theory.verifier(tree_verifier)
+    cumulative = [0.0] + [float(tree_check.acceptance(p, q, k)) for k in range(1, width + 1)]
+    record["ranks"] = [max(cumulative[k] - cumulative[k - 1], 0.0) for k in range(1, width + 1)]
+    if n_children <= 1 or (verifier == "spechub" and n_children != 2):
+        record["replay"] = record["chain"] if n_children == 1 else 0.0
+    else:
+        record["replay"] = float(theory.verifier(verifier).acceptance(p, q, n_children))
+    if depth == 0:
+        record["grid"], record["bound"] = {}, {}
+        for name, n in grid:
+            check = theory.verifier(name)
+            record["grid"][f"{name}-n{n}"] = float(check.acceptance(p, q, n))
+            record["bound"][f"{name}-n{n}"] = float(theory.optimal_acceptance(p, q, n, draft=check.draft))
+    return record
+
+
+class RecordingDrafter:
+    """Wraps a drafter and keeps, for the current step, the raw draft logits of every node it was asked about,
+    and for the whole run the wall time of each call (the drafter's cost, measured in the run).
+
+    Attach to a decoder with :meth:`attach`: afterwards ``logits_per_step[i]`` maps node -> logits (numpy
+    float32) for step ``i`` of the generation.
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.current: dict[int, np.ndarray] = {}
+        self.logits_per_step: list[dict[int, np.ndarray]] = []
+        self.call_times: list[tuple[int, float]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_logits(self, state, tree, nodes):
+        start = time.perf_counter()
+        logits = self.inner.draft_logits(state, tree, nodes)
+        self.call_times.append((len(nodes), time.perf_counter() - start))
+        if logits is not None:
+            rows = logits.detach().float().cpu().numpy()
+            for node, row in zip(nodes, rows, strict=True):
+                self.current[node] = row
+        return logits
+
+    def attach(self, decoder) -> None:
+        """Route ``decoder``'s drafting through this recorder and keep each step's logits."""
+        decoder.drafter = self
+        original = decoder.step
+
+        def step(state, generator):
+            self.current = {}
+            log = original(state, generator)
+            self.logits_per_step.append({node: self.current[node] for node in log.expanded})
+            return log
+
+        decoder.step = step
+
+
+@dataclass
+class LatencyProfile:
+    """Seconds to verify ``n`` tokens (``target_time[n]``) and per draft forward pass (``draft_time``)."""
+
+    target_time: dict[int, float]
+    draft_time: float
+    source: str = "measured in the run"
+
+    def __post_init__(self) -> None:
+        self.target_time = {int(n): float(t) for n, t in self.target_time.items()}
+        if 1 not in self.target_time or not self.target_time[1] > 0:
+            raise ValueError("latency: target_time must give a positive time for 1 token")
+        if not np.isfinite(self.draft_time) or self.draft_time < 0:
+            raise ValueError(f"latency: draft_time must be a non-negative number, got {self.draft_time!r}")
+
+    def t(self, n: float) -> float:
+        """``target_time`` at ``n`` tokens, linear between measured sizes and beyond the largest one."""
+        sizes = np.array(sorted(self.target_time), dtype=np.float64)
+        times = np.array([self.target_time[int(s)] for s in sizes])
+        if n <= sizes[-1] or sizes.size == 1:
+            return float(np.interp(n, sizes, times))
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        return float(times[-1] + slope * (n - sizes[-1]))
+
+    def to_json(self) -> dict:
+        return {
+            "target_time": {str(n): t for n, t in self.target_time.items()},
+            **{"draft_time": self.draft_time, "source": self.source},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> LatencyProfile:
+        return cls({int(n): t for n, t in data["target_time"].items()}, data["draft_time"], data["source"])
+
+
+def read_latency(path: str) -> LatencyProfile:
+    """A latency profile from ``specbound profile``'s JSON: ``{"target_time": {n: s}, "draft_time": s}``.
+
+    Also accepted: the times under ``"t"`` or ``"verify_time"`` and the draft cost under ``"drafter_time"``
+    or ``"draft_cost"``; ``ValueError`` naming ``--latency`` when neither is there.
+    """
+    try:
+        with open(path) as stream:
+            data = json.load(stream)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--latency: cannot read {path}: {error}") from None
+    table = next((data[k] for k in ("target_time", "t", "verify_time") if k in data), None)
+    draft = next((data[k] for k in ("draft_time", "drafter_time", "draft_cost") if k in data), None)
+    if not isinstance(table, dict) or not isinstance(draft, (int, float)):
+        raise ValueError(f"--latency: {path} needs a 'target_time' table {{n: seconds}} and a 'draft_time'")
+    return LatencyProfile({int(n): float(t) for n, t in table.items()}, float(draft), f"read from {path}")
+
+
+def measure_target_latency(model, sizes, *, temperature: float, context: int = 160, repeats: int = 5):
+    """Median seconds for one verification pass over ``n`` tree nodes (a star: the root and ``n - 1``
+    children, scored with the tree mask) plus the target's probabilities, for each ``n`` in ``sizes``.
+
+    Sizes are interleaved within each repetition so that a change in machine load hits all of them alike.
+    """
+    import torch
+
+    from executor.decoders.base import DraftTree, Sampling, run_tree
+
+    sizes = sorted({int(n) for n in sizes})
+    sampling = Sampling(temperature=temperature)
+    context = min(context, model.config.max_seq_len - max(sizes) - 1)
+    model.setup_cache(context + max(sizes) + 1)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for n in sizes:
+                tree = DraftTree(1)
+                for child in range(n - 1):
+                    tree.add_child(0, child + 2)
+                start = time.perf_counter()
+                sampling.probs(run_tree(model, tree, list(range(n)), context))
+                samples[n].append(time.perf_counter() - start)
+    return {n: float(np.median(times[1:])) for n, times in samples.items()}  # the first round warms up
+
+
+@dataclass
+class Calibration:
+    """The acceptance profile of one drafter at one temperature, and the latency profile.
+
+    ``positional[d]`` is the conditional acceptance of chain position ``d + 1``; ``rank_matrix[d][k]`` the
+    probability that the ``(k+1)``-th child of a depth-``d`` node is the accepted one (a per-depth Sequoia
+    matrix); ``multidraft[key]`` and ``bound[key]`` the root acceptance and its optimum for ``key`` =
+    ``"verifier-nN"``; ``buckets`` the confidence-bucket model (confidence, acceptance and frequency per
+    bucket); ``events[d]`` how many calibration events depth ``d`` had.
+    """
+
+    temperature: float
+    positional: list[float]
+    rank_matrix: list[list[float]]
+    multidraft: dict[str, float]
+    bound: dict[str, float]
+    buckets: dict[str, list[float]]
+    events: list[int]
+    latency: LatencyProfile
+    prompts: list[int] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return len(self.positional)
+
+    @property
+    def cost_ratio(self) -> float:
+        """Leviathan et al.'s ``c``: one draft pass over one target pass of one token."""
+        return self.latency.draft_time / self.latency.target_time[1]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["latency"] = self.latency.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Calibration:
+        return cls(**{**data, "latency": LatencyProfile.from_json(data["latency"])})
+
+
+def _per_depth(values: list[list], depth: int, fallback) -> tuple[np.ndarray, list[int]]:
+    """Mean of each depth's values; a depth with fewer than MIN_EVENTS events takes the previous estimate."""
+    means, counts, previous = [], [], np.asarray(fallback, dtype=np.float64)
+    for d in range(depth):
+        rows = values[d]
+        counts.append(len(rows))
+        if len(rows) >= MIN_EVENTS or (d == 0 and rows):
+            previous = np.mean(np.asarray(rows, dtype=np.float64), axis=0)
+        means.append(previous)
+    return np.array(means), counts
+
+
+def confidence_buckets(confidence, acceptance, n_buckets: int) -> dict[str, list[float]]:
+    """Group events into at most ``n_buckets`` confidence quantile buckets: the i.i.d. bucket model of
+    :class:`theory.ConfidenceBuckets`.
+
+    Returns the bucket ``edges`` (a confidence ``c`` is in bucket ``searchsorted(edges, c, "right")``) and,
+    per bucket, its mean confidence, mean acceptance and frequency (an empty bucket gets probability 0).
+    """
+    confidence = np.asarray(confidence, dtype=np.float64)
+    acceptance = np.asarray(acceptance, dtype=np.float64)
+    edges = np.unique(np.quantile(confidence, np.linspace(0, 1, n_buckets + 1)[1:-1]))
+    labels = np.searchsorted(edges, confidence, side="right")
+    bounds = np.concatenate([[0.0], edges, [1.0]])
+    buckets = {"edges": [float(e) for e in edges], "confidence": [], "acceptance": [], "probability": []}
+    for label in range(edges.size + 1):
+        mask = labels == label
+        middle = 0.5 * (bounds[label] + bounds[label + 1])
+        buckets["confidence"].append(float(confidence[mask].mean()) if mask.any() else float(middle))
+        buckets["acceptance"].append(float(acceptance[mask].mean()) if mask.any() else 0.0)
+        buckets["probability"].append(float(mask.mean()))
+    return buckets
+
+
+def calibrate(
+    records: list[dict],
+    latency: LatencyProfile,
+    *,
+    temperature: float,
+    depth: int,
+    n_buckets: int = 4,
+    prompts: list[int] | None = None,
+) -> Calibration:
+    """The :class:`Calibration` of ``depth`` positions from event records (:func:`event_record`).
+
+    Needs at least one depth-0 event. Depths without enough events of their own
+    (:data:`MIN_EVENTS`) reuse the estimate of the depth above them: a chain that is rarely accepted far
+    gives little evidence about its deep positions.
+    """
+    if not any(r["depth"] == 0 for r in records):
+        raise ValueError("records: the calibration run has no verification event at the root")
+    width = tree_width(temperature)
+    by_depth_chain: list[list] = [[] for _ in range(depth)]
+    by_depth_ranks: list[list] = [[] for _ in range(depth)]
+    for r in records:
+        if r["depth"] < depth:
+            by_depth_chain[r["depth"]].append(r["chain"])
+            by_depth_ranks[r["depth"]].append(r["ranks"][:width])
+    positional, counts = _per_depth(by_depth_chain, depth, 0.0)
+    ranks, _ = _per_depth(by_depth_ranks, depth, np.zeros(width))
+    roots = [r for r in records if r["depth"] == 0]
+    keys = sorted(roots[0].get("grid", {}))
+    multidraft = {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys}
+    bound = {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys}
+    buckets = confidence_buckets([r["confidence"] for r in records], [r["chain"] for r in records], n_buckets)
+    return Calibration(
+        temperature=float(temperature),
+        positional=[float(a) for a in positional],
+        rank_matrix=[[float(a) for a in row] for row in ranks],
+        multidraft=multidraft,
+        bound=bound,
+        buckets=buckets,
+        events=counts,
+        latency=latency,
+        prompts=list(prompts or []),
+    )

@@ -1,0 +1,145 @@
+"""Compare: measured against predicted, with 95% bootstrap intervals over prompts, and what broke on a miss.
+
+The unit of resampling is the prompt (Efron's percentile bootstrap over the evaluation prompts): tokens per
+step is the ratio of summed tokens to summed steps, acceptance at position ``i`` the ratio of steps whose
+accepted path reached depth ``i + 1`` to steps that drafted, and the speedup the ratio of a configuration's
+tokens per second to plain decoding's on the *same* resampled prompts (paired).
+
+When an a-priori prediction falls outside its interval, :func:`diagnose` splits the gap
+``predicted − measured`` into the parts each assumption of the prediction is responsible for:
+
+* **positional acceptance** -- the calibration half's acceptance profile differs from the evaluation half's:
+  ``predicted − profiled``, where *profiled* is the same predictor fed with the evaluation half's own profile;
+* **independence across positions** -- the profile (a product of per-depth means) misses the correlation of
+  acceptances within a step: ``profiled − replay``, with *replay* the exact per-event acceptance of the
+  evaluation run's own logged distributions (``1 + Σπ / steps``, a martingale estimate that assumes nothing);
+* **sampling noise** -- ``replay − measured``;
+* **latency drift** -- the measured step time relative to plain decoding against the predicted one,
+  ``(T_cfg / T_ar)_measured / (T_cfg / t(1))_predicted − 1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["bootstrap_ratio", "bootstrap_speedup", "diagnose", "position_intervals", "within_ci"]
+
+#: Bootstrap resamples and interval level.
+RESAMPLES = 2000
+LEVEL = 0.95
+
+
+def _check(values, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(
+            f"{name} must be a non-empty 1-D array of per-prompt values, got shape {array.shape}"
+        )
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{name} must hold finite non-negative per-prompt values")
+    return array
+
+
+def _indices(size: int, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator, got {rng!r}")
+    return rng.integers(0, size, size=(resamples, size))
+
+
+def _interval(samples: np.ndarray, level: float) -> list[float]:
+    samples = samples[np.isfinite(samples)]
+    if samples.size == 0:
+        return [float("nan"), float("nan")]
+    tail = 50.0 * (1.0 - level)
+    return [float(np.percentile(samples, tail)), float(np.percentile(samples, 100.0 - tail))]
+
+
+def bootstrap_ratio(numerators, denominators, rng, *, resamples: int = RESAMPLES, level: float = LEVEL):
+    """Percentile interval ``[low, high]`` of ``sum(numerators) / sum(denominators)`` over resampled prompts."""
+    top = _check(numerators, "numerators")
+    bottom = _check(denominators, "denominators")
+    if top.shape != bottom.shape:
+        raise ValueError(
+            f"numerators and denominators must match in shape, got {top.shape} and {bottom.shape}"
+        )
+    index = _indices(top.size, rng, resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _interval(top[index].sum(1) / bottom[index].sum(1), level)
+
+
+def bootstrap_speedup(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RESAMPLES, level=LEVEL):
+    """Interval of ``(Σ tokens / Σ seconds) / (Σ ar_tokens / Σ ar_seconds)``, prompts resampled in pairs."""
+    arrays = [
+        _check(v, n)
+        for v, n in (
+            (tokens, "tokens"),
+            (seconds, "seconds"),
+            (ar_tokens, "ar_tokens"),
+            (ar_seconds, "ar_seconds"),
+        )
+    ]
+    if len({a.shape for a in arrays}) != 1:
+        raise ValueError(
+            "tokens, seconds, ar_tokens and ar_seconds need one value per evaluation prompt each"
+        )
+    index = _indices(arrays[0].size, rng, resamples)
+    tok, sec, ar_tok, ar_sec = (a[index].sum(1) for a in arrays)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _interval((tok / sec) / (ar_tok / ar_sec), level)
+
+
+def position_intervals(reached, drafted, rng, *, resamples=RESAMPLES, level=LEVEL):
+    """Per position ``i``: measured acceptance ``Σ reached[:, i] / Σ drafted`` and its interval.
+
+    ``reached`` is ``(prompts, positions)``: steps of each prompt whose accepted path reached depth ``i + 1``;
+    ``drafted`` the steps of each prompt that drafted at least one token.
+    """
+    reached = np.asarray(reached, dtype=np.float64)
+    drafted = _check(drafted, "drafted")
+    if reached.ndim != 2 or reached.shape[0] != drafted.size:
+        raise ValueError(
+            f"reached must be (prompts, positions) with {drafted.size} rows, got {reached.shape}"
+        )
+    total = drafted.sum()
+    measured = (reached.sum(0) / total).tolist() if total > 0 else [float("nan")] * reached.shape[1]
+    intervals = [
+        bootstrap_ratio(reached[:, i], drafted, rng, resamples=resamples, level=level)
+        for i in range(reached.shape[1])
+    ]
+    return measured, intervals
+
+
+def within_ci(value: float, interval) -> bool:
+    """Whether ``value`` lies in the closed interval ``[low, high]`` (``False`` for an undefined interval)."""
+    low, high = interval
+    return bool(np.isfinite(low) and np.isfinite(high) and low - 1e-12 <= value <= high + 1e-12)
+
+
+def diagnose(
+    *,
+    predicted_tau: float,
+    profiled_tau: float,
+    replay_tau: float,
+    measured_tau: float,
+    predicted_step_ratio: float,
+    measured_step_ratio: float,
+) -> dict:
+    """Split a prediction's miss into the assumptions of the module docstring; ``broke`` names the largest.
+
+    Tau parts are in tokens per step and add up to ``predicted_tau − measured_tau``; ``latency_drift`` is
+    relative (0.1 = the configuration's steps took 10% longer, relative to plain decoding, than predicted).
+    """
+    parts = {
+        "positional acceptance": predicted_tau - profiled_tau,
+        "independence across positions": profiled_tau - replay_tau,
+        "sampling noise": replay_tau - measured_tau,
+    }
+    drift = measured_step_ratio / predicted_step_ratio - 1.0 if predicted_step_ratio > 0 else float("nan")
+    finite = {k: v for k, v in parts.items() if np.isfinite(v)}
+    largest = max(finite, key=lambda k: abs(finite[k])) if finite else None
+    return {
+        "tau_gap": predicted_tau - measured_tau,
+        "parts": {k: float(v) for k, v in parts.items()},
+        "latency_drift": float(drift),
+        "broke": largest,
+    }

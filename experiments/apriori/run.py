@@ -1,0 +1,348 @@
+"""Run the a-priori loop: calibrate on one half of the prompts, predict, run the other half, report.
+
+Work is split into units, each written atomically to ``<out>/units/`` when it finishes: one calibration chain
+per (temperature, calibration prompt), one generation per (temperature, configuration, evaluation prompt).
+The latency profile (``latency.json``), the calibrations (``calibration-T*.json``) and the predictions
+(``predictions-T*.json``) are written *before* any evaluation unit runs, and kept on a rerun: an
+interrupted run resumes where it stopped with the same configurations. The report is rebuilt from the
+units at the end (:mod:`experiments.apriori.report`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from experiments.apriori.calibrate import (
+    Calibration,
+    LatencyProfile,
+    RecordingDrafter,
+    calibrate,
+    event_record,
+    measure_target_latency,
+    read_latency,
+    split_prompts,
+    verification_events,
+)
+from experiments.apriori.predict import BucketStopRule, DecoderConfig, plan_configurations, predict
+
+__all__ = ["AprioriConfig", "calibration_records", "run_apriori", "run_generation"]
+
+
+@dataclass(frozen=True)
+class AprioriConfig:
+    """Everything that determines an a-priori run (its hash names the run's settings on disk)."""
+
+    model: str | None = None
+    drafter: str | None = None
+    prompts: int = 10
+    max_new_tokens: int = 48
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    seed: int = 0
+    depth: int = 6
+    max_budget: int = 12
+    budgets: tuple[int, ...] = (4, 8, 12)
+    multidraft: tuple[tuple[str, int], ...] = (
+        ("rrs", 2),
+        ("rrs", 3),
+        ("rrs_wor", 2),
+        ("kseq", 2),
+        ("kseq", 3),
+        ("spechub", 2),
+        ("greedy", 3),
+    )
+    decoders: tuple[str, ...] | None = None
+    latency: str | None = None
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+#: ``--quick``: fewer prompts, tokens, positions and configurations; every report section still produced.
+QUICK = {
+    "prompts": 6,
+    "max_new_tokens": 24,
+    "depth": 4,
+    "max_budget": 8,
+    "budgets": (4,),
+    "multidraft": (("rrs", 2), ("rrs", 3), ("kseq", 3), ("spechub", 2)),
+}
+
+#: Decoder names ``--decoders`` accepts (plain decoding always runs: it is the speedup baseline).
+DECODER_NAMES = ("chain-opt", "chain-fixed", "multidraft", "tree-plan", "tree-dyspec", "tree-budgets", "stop")
+
+
+def _selected(config: AprioriConfig, decoder: DecoderConfig) -> bool:
+    if config.decoders is None or decoder.kind == "ar":
+        return True
+    family = {
+        "chain-opt": decoder.label == "chain-opt",
+        "chain-fixed": decoder.kind == "chain" and decoder.label != "chain-opt",
+        "multidraft": decoder.kind == "multidraft",
+        "tree-plan": decoder.label == "tree-plan",
+        "tree-dyspec": decoder.kind == "dynamic",
+        "tree-budgets": decoder.label.startswith("tree-b"),
+        "stop": decoder.kind == "stop",
+    }
+    return any(family[name] for name in config.decoders)
+
+
+def _tag(temperature: float) -> str:
+    return f"T{temperature:g}"
+
+
+def build_decoder(decoder: DecoderConfig, model, drafter: str, temperature: float, calibration=None):
+    """The executor decoder of ``decoder`` with a :class:`RecordingDrafter` (``None`` for plain decoding)."""
+    from executor.decoders import (
+        AutoregressiveDecoder,
+        ChainDecoder,
+        DynamicTree,
+        MultiDraftDecoder,
+        Sampling,
+        TreeDecoder,
+    )
+    from executor.drafters import parse_drafter
+
+    sampling = Sampling(temperature=temperature)
+    if decoder.kind == "ar":
+        return AutoregressiveDecoder(model, sampling=sampling), None
+    inner = parse_drafter(drafter, model)
+    common = {"sampling": sampling, "log_distributions": "full"}
+    if decoder.kind == "chain":
+        built = ChainDecoder(model, inner, gamma=decoder.gamma, **common)
+    elif decoder.kind == "stop":
+        rule = BucketStopRule(decoder.rule, decoder.threshold, calibration.buckets, decoder.gamma)
+        built = ChainDecoder(model, inner, gamma=decoder.gamma, stop_rule=rule, **common)
+    elif decoder.kind == "multidraft":
+        built = MultiDraftDecoder(model, inner, n=decoder.n, verifier=decoder.verifier, **common)
+    elif decoder.kind == "tree":
+        built = TreeDecoder(model, inner, tree=list(decoder.parents), verifier=decoder.verifier, **common)
+    else:
+        shape = DynamicTree(budget=decoder.budget, max_depth=decoder.gamma, branching=decoder.n)
+        built = TreeDecoder(model, inner, tree=shape, verifier=decoder.verifier, **common)
+    recorder = RecordingDrafter(inner)
+    recorder.attach(built)
+    return built, recorder
+
+
+def run_generation(
+    decoder: DecoderConfig,
+    model,
+    prompt_ids: list[int],
+    *,
+    drafter: str,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    eos_id: int | None = None,
+    calibration: Calibration | None = None,
+    grid: tuple[tuple[str, int], ...] = (),
+) -> dict:
+    """Generate once and return the unit record: counts, times, acceptance by position and event records."""
+    import torch
+
+    from executor.logs import step_distributions
+
+    built, recorder = build_decoder(decoder, model, drafter, temperature, calibration)
+    generator = torch.Generator(device=model.tok_embeddings.weight.device).manual_seed(seed)
+    result = built.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+    depth = max((len(s.accepted) for s in result.steps), default=0)
+    reached = [sum(1 for s in result.steps if s.n_accepted > i) for i in range(depth)]
+    records = []
+    if recorder is not None:
+        verifier = "rrs" if decoder.kind in ("chain", "stop") else decoder.verifier
+        for step, logits in zip(result.steps, recorder.logits_per_step, strict=True):
+            events = list(verification_events(step))
+            if not events:
+                continue
+            p_rows, q_rows = step_distributions(step)
+            for row, node, n_children, accepted, d in events:
+                records.append(
+                    event_record(
+                        p_rows[row],
+                        q_rows[row],
+                        logits[node],
+                        temperature=temperature,
+                        depth=d,
+                        n_children=n_children,
+                        accepted=accepted,
+                        verifier=verifier,
+                        grid=grid,
+                    )
+                )
+    return {
+        "decoder": decoder.label,
+        "temperature": temperature,
+        "steps": len(result.steps),
+        "tokens": sum(len(s.emitted) for s in result.steps),
+        "seconds": result.wall_time - result.prefill_time,
+        "drafted_steps": sum(1 for s in result.steps if s.n_drafted > 0),
+        "reached": reached,
+        "draft_calls": [] if recorder is None else recorder.call_times,
+        "records": records,
+    }
+
+
+def calibration_records(units: list[dict]) -> list[dict]:
+    """Every event record of a list of unit records, in order."""
+    return [record for unit in units for record in unit["records"]]
+
+
+def _write_json(data, path: Path) -> None:
+    from executor.logs import write_json
+
+    write_json(data, str(path))
+
+
+def _load(path: Path):
+    return json.loads(path.read_text())
+
+
+def _units(out: Path, pattern: str) -> list[dict]:
+    return [_load(p) for p in sorted((out / "units").glob(pattern))]
+
+
+def run_apriori(
+    config: AprioriConfig,
+    out,
+    *,
+    restart: bool = False,
+    progress: bool = True,
+    model=None,
+    prompt_ids: list[list[int]] | None = None,
+    eos_id: int | None = None,
+) -> dict:
+    """Run (or resume) the a-priori validation into ``out``; returns the report (see the module docstring).
+
+    ``model`` and ``prompt_ids`` replace the embedded model and the HumanEval prompts (tests use a tiny model).
+    """
+    from experiments.apriori.report import build_report
+
+    out = Path(out)
+    manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
+    if (out / "config.json").exists() and not restart:
+        if _load(out / "config.json").get("fingerprint") != manifest["fingerprint"]:
+            raise ValueError(
+                f"out: {out} holds a run with other settings; pass --restart to discard it or choose another --out"
+            )
+    if restart:
+        for stale in [*(out / "units").glob("*.json"), *out.glob("*-T*.json"), out / "latency.json"]:
+            if stale.exists():
+                stale.unlink()
+    _write_json(manifest, out / "config.json")
+
+    if model is None:
+        from executor.weights import load_model
+        from experiments.prompts import humaneval_prompts
+
+        model, tokenizer = load_model(config.model)
+        prompt_ids = [tokenizer.encode(text) for text in humaneval_prompts(config.prompts)]
+        eos_id = tokenizer.eos_id
+    if prompt_ids is None or len(prompt_ids) != config.prompts:
+        raise ValueError(f"prompt_ids: expected {config.prompts} prompts")
+    drafter = config.drafter or f"early-exit:{max(model.config.n_layers * 2 // 3, 1)}"
+    calibration_half, evaluation_half = split_prompts(config.prompts, config.seed)
+    bar = _progress(progress)
+
+    # 1. Calibration chains on the calibration half.
+    calib_chain = DecoderConfig("calibration", "chain", gamma=config.depth)
+    jobs = [(t, i) for t in config.temperatures for i in calibration_half]
+    for t, index in bar(jobs, desc="calibrate"):
+        path = out / "units" / f"calib-{_tag(t)}--{index:03d}.json"
+        if not path.exists():
+            record = run_generation(
+                calib_chain,
+                model,
+                prompt_ids[index],
+                drafter=drafter,
+                temperature=t,
+                max_new_tokens=config.max_new_tokens,
+                seed=config.seed + index,
+                eos_id=eos_id,
+                grid=config.multidraft,
+            )
+            _write_json({"prompt": index, **record}, path)
+
+    # 2. Latency profile: read, or measured in the run (target passes timed here, drafter from the chains).
+    latency_path = out / "latency.json"
+    if latency_path.exists():
+        latency = LatencyProfile.from_json(_load(latency_path))
+    elif config.latency:
+        latency = read_latency(config.latency)
+    else:
+        calls = [s for unit in _units(out, "calib-*.json") for n, s in unit["draft_calls"] if n == 1]
+        sizes = range(1, max(config.max_budget, config.depth + 1) + 1)
+        table = measure_target_latency(model, sizes, temperature=max(config.temperatures))
+        latency = LatencyProfile(table, float(np.median(calls)) if calls else 0.0)
+    _write_json(latency.to_json(), latency_path)
+
+    # 3. Calibrate and predict, per temperature, before any evaluation unit runs.
+    plans = {}
+    for t in config.temperatures:
+        cal_path, pred_path = out / f"calibration-{_tag(t)}.json", out / f"predictions-{_tag(t)}.json"
+        if pred_path.exists():
+            cal = Calibration.from_json(_load(cal_path))
+            decoders = [DecoderConfig.from_json(d["config"]) for d in _load(pred_path)["decoders"]]
+        else:
+            cal = calibrate_from_units(out, t, config, latency, calibration_half)
+            decoders, planning = plan_configurations(
+                cal,
+                multidraft=config.multidraft,
+                budgets=config.budgets,
+                max_budget=config.max_budget,
+            )
+            decoders = [d for d in decoders if _selected(config, d)]
+            predictions = {
+                "temperature": t,
+                "planning": planning,
+                "decoders": [
+                    {"config": d.to_json(), "prediction": asdict(predict(d, cal))} for d in decoders
+                ],
+            }
+            _write_json(cal.to_json(), cal_path)
+            _write_json(predictions, pred_path)
+        plans[t] = (cal, decoders)
+
+    # 4. Run every configuration on the evaluation half, prompt by prompt (interleaved against load drift).
+    jobs = [(t, i, d) for t in config.temperatures for i in evaluation_half for d in plans[t][1]]
+    for t, index, decoder in bar(jobs, desc="evaluate"):
+        path = out / "units" / f"eval-{_tag(t)}--{decoder.label}--{index:03d}.json"
+        if path.exists():
+            continue
+        grid = ((decoder.verifier, decoder.n),) if decoder.kind == "multidraft" else ()
+        record = run_generation(
+            decoder,
+            model,
+            prompt_ids[index],
+            drafter=drafter,
+            temperature=t,
+            max_new_tokens=config.max_new_tokens,
+            seed=config.seed + 1000 + index,
+            eos_id=eos_id,
+            calibration=plans[t][0],
+            grid=grid,
+        )
+        _write_json({"prompt": index, **record}, path)
+    return build_report(config, out, drafter)
+
+
+def calibrate_from_units(
+    out: Path, temperature: float, config: AprioriConfig, latency, prompts
+) -> Calibration:
+    """The calibration of one temperature from its calibration units on disk (nothing else is read)."""
+    units = _units(out, f"calib-{_tag(temperature)}--*.json")
+    return calibrate(
+        calibration_records(units), latency, temperature=temperature, depth=config.depth, prompts=prompts
+    )
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return lambda items, desc: items
+    from tqdm import tqdm
+
+    return lambda items, desc: tqdm(items, desc=desc, unit="run")
