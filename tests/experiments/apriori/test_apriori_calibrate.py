@@ -1,0 +1,182 @@
+"""experiments.apriori.calibrate: the prompt split, event records, the calibration profile, the latency profile.
+
+Exact oracles: a synthetic chain whose every drafted position has acceptance ``sum(min(p, q)) = a`` must give
+the positional profile ``[a, a, ...]`` whatever its sampled outcomes; at temperature 0 the rank of the
+target's argmax decides every acceptance.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import theory
+from executor.logs import DistributionLog, StepLog
+from experiments.apriori.calibrate import (
+    MIN_EVENTS,
+    LatencyProfile,
+    RecordingDrafter,
+    calibrate,
+    confidence_buckets,
+    event_record,
+    read_latency,
+    split_prompts,
+    verification_events,
+)
+from tests.tiny_models import build_tiny_model
+
+LATENCY = LatencyProfile({1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4}, 0.25)
+
+
+def test_split_is_a_partition_fixed_by_the_seed():
+    calibration, evaluation = split_prompts(10, seed=3)
+    assert sorted(calibration + evaluation) == list(range(10)) and len(calibration) == 5
+    assert split_prompts(10, seed=3) == (calibration, evaluation)
+    assert split_prompts(10, seed=4) != (calibration, evaluation)
+
+
+def test_split_needs_two_prompts():
+    with pytest.raises(ValueError, match="prompts"):
+        split_prompts(1, seed=0)
+
+
+def chain_step(a: float, gamma: int, accepted: int) -> StepLog:
+    """A chain step whose every drafted position has p = [a, 1-a, 0], q = [a, 0, 1-a]: acceptance a."""
+    p = torch.tensor([[a, 1 - a, 0.0]] * gamma)
+    q = torch.tensor([[a, 0.0, 1 - a]] * gamma)
+    return StepLog(
+        tokens=[0] * (gamma + 1),
+        parents=[-1, *range(gamma)],
+        accepted_path=list(range(accepted + 1)),
+        emitted=[0] * (accepted + 1),
+        expanded=list(range(gamma)),
+        accepted=[accepted > d for d in range(gamma)],
+        distributions=DistributionLog("full", p, q),
+    )
+
+
+def records_of(steps, temperature=1.0, grid=()):
+    from executor.logs import step_distributions
+
+    records = []
+    for step in steps:
+        p_rows, q_rows = step_distributions(step)
+        for row, _node, n_children, accepted, depth in verification_events(step):
+            records.append(
+                event_record(
+                    p_rows[row],
+                    q_rows[row],
+                    np.log(q_rows[row] + 1e-30),
+                    temperature=temperature,
+                    depth=depth,
+                    n_children=n_children,
+                    accepted=accepted,
+                    verifier="rrs",
+                    grid=grid,
+                )
+            )
+    return records
+
+
+def test_bernoulli_chain_calibrates_to_its_constant_acceptance():
+    a, gamma = 0.6, 4
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(400):
+        accepted = 0
+        while accepted < gamma and rng.random() < a:
+            accepted += 1
+        steps.append(chain_step(a, gamma, accepted))
+    cal = calibrate(records_of(steps, grid=(("rrs", 2),)), LATENCY, temperature=1.0, depth=gamma)
+    assert cal.positional == pytest.approx([a] * gamma, abs=1e-6)
+    assert cal.events[0] == 400 and cal.events[1] < 400
+    # The rank vector is RRS without replacement with one and two drafts: p = [a, 1-a, 0], q = [a, 0, 1-a].
+    p, q = np.array([a, 1 - a, 0]), np.array([a, 0, 1 - a])
+    alpha2 = theory.verifier("rrs_wor").acceptance(p, q, 2)
+    assert cal.rank_matrix[0] == pytest.approx([a, alpha2 - a], abs=1e-6)
+    assert cal.multidraft["rrs-n2"] == pytest.approx(theory.verifier("rrs").acceptance(p, q, 2), abs=1e-6)
+
+
+def test_events_stop_at_the_first_rejection():
+    step = chain_step(0.5, 3, accepted=1)
+    assert [(d, accepted) for _, _, _, accepted, d in verification_events(step)] == [(0, True), (1, False)]
+
+
+def test_temperature_zero_acceptance_is_decided_by_the_rank_of_the_target_argmax():
+    p = np.array([0.0, 0.0, 1.0, 0.0])
+    logits = np.array([3.0, 1.0, 2.0, 2.0])  # token 2 is the draft's second choice (ties go to the lower id)
+    record = event_record(
+        p,
+        p,
+        logits,
+        temperature=0.0,
+        depth=0,
+        n_children=2,
+        accepted=True,
+        verifier="rrs",
+        grid=(("rrs", 1), ("kseq", 2)),
+    )
+    assert record["chain"] == 0.0 and record["ranks"] == [0.0, 1.0, 0.0, 0.0]
+    assert record["replay"] == 1.0 and record["grid"] == {"rrs-n1": 0.0, "kseq-n2": 1.0}
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert record["confidence"] == pytest.approx(softmax.max())
+
+
+def test_a_shallow_depth_without_enough_events_reuses_the_estimate_above_it():
+    records = [
+        {"depth": 0, "chain": 0.5, "ranks": [0.5, 0.1], "confidence": 0.5, "grid": {}, "bound": {}}
+    ] * 10
+    records += [{"depth": 1, "chain": 0.9, "ranks": [0.9, 0.0], "confidence": 0.9}] * (MIN_EVENTS - 1)
+    cal = calibrate(records, LATENCY, temperature=1.0, depth=3)
+    assert cal.positional == [0.5, 0.5, 0.5] and cal.events == [10, MIN_EVENTS - 1, 0]
+    with pytest.raises(ValueError, match="records"):
+        calibrate(records[10:], LATENCY, temperature=1.0, depth=3)
+
+
+def test_confidence_buckets_are_quantiles_with_their_mean_acceptance():
+    confidence = [0.1, 0.2, 0.8, 0.9]
+    buckets = confidence_buckets(confidence, [0.0, 0.2, 0.6, 1.0], 2)
+    assert buckets["probability"] == [0.5, 0.5]
+    assert buckets["confidence"] == pytest.approx([0.15, 0.85]) and buckets["acceptance"] == pytest.approx(
+        [0.1, 0.8]
+    )
+    assert np.searchsorted(buckets["edges"], 0.85, side="right") == 1
+
+
+def test_recording_drafter_keeps_each_expanded_node_logits():
+    from executor.decoders import ChainDecoder, Sampling
+    from executor.drafters import parse_drafter
+
+    model = build_tiny_model(seed=1, vocab_size=10, n_layers=4)
+    inner = parse_drafter("early-exit:1", model)
+    decoder = ChainDecoder(
+        model, inner, gamma=3, sampling=Sampling(temperature=1.0), log_distributions="full"
+    )
+    recorder = RecordingDrafter(inner)
+    recorder.attach(decoder)
+    result = decoder.generate([1, 2, 3], 8, generator=torch.Generator().manual_seed(0))
+    assert len(recorder.logits_per_step) == len(result.steps)
+    for step, logits in zip(result.steps, recorder.logits_per_step, strict=True):
+        assert sorted(logits) == step.expanded
+        q = torch.softmax(torch.tensor(np.stack([logits[v] for v in step.expanded])), -1)
+        assert torch.allclose(q, step.distributions.q, atol=1e-5)
+    assert [n for n, _ in recorder.call_times] == [1] * (3 * len(result.steps))  # one node per level
+
+
+def test_latency_profile_interpolates_and_extrapolates_linearly():
+    assert LATENCY.t(2.5) == pytest.approx(1.15) and LATENCY.t(7) == pytest.approx(1.6)
+    assert (
+        LatencyProfile.from_json(json.loads(json.dumps(LATENCY.to_json()))).target_time == LATENCY.target_time
+    )
+
+
+def test_read_latency_names_the_argument(tmp_path):
+    path = tmp_path / "latency.json"
+    path.write_text(json.dumps({"target_time": {"1": 0.02, "4": 0.03}, "draft_time": 0.01}))
+    assert read_latency(str(path)).t(4) == 0.03
+    path.write_text(json.dumps({"something": 1}))
+    with pytest.raises(ValueError, match="--latency"):
+        read_latency(str(path))
+    with pytest.raises(ValueError, match="--latency"):
+        read_latency(str(tmp_path / "missing.json"))
