@@ -224,21 +224,33 @@ class LatencyProfile:
 
 
 def read_latency(path: str) -> LatencyProfile:
-    """A latency profile from ``specbound profile``'s JSON: ``{"target_time": {n: s}, "draft_time": s}``.
-
-    Also accepted: the times under ``"t"`` or ``"verify_time"`` and the draft cost under ``"drafter_time"``
-    or ``"draft_cost"``; ``ValueError`` naming ``--latency`` when neither is there.
+    """A latency profile from ``specbound profile``'s JSON (``"format": "specbound-profile"``: the target's
+    ``target.sizes`` / ``target.times`` and ``drafter.draft_time``, docs/profile.md), or the simple form
+    ``{"target_time": {n: seconds}, "draft_time": seconds}``; ``ValueError`` naming ``--latency`` otherwise.
     """
     try:
         with open(path) as stream:
             data = json.load(stream)
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"--latency: cannot read {path}: {error}") from None
-    table = next((data[k] for k in ("target_time", "t", "verify_time") if k in data), None)
-    draft = next((data[k] for k in ("draft_time", "drafter_time", "draft_cost") if k in data), None)
+    table, draft = None, None
+    if isinstance(data, dict) and data.get("format") == "specbound-profile":
+        target, drafter = data.get("target") or {}, data.get("drafter") or {}
+        sizes, times = target.get("sizes"), target.get("times")
+        if isinstance(sizes, list) and isinstance(times, list) and len(sizes) == len(times):
+            table = dict(zip(sizes, times, strict=True))
+        draft = drafter.get("draft_time")
+    elif isinstance(data, dict):
+        table, draft = data.get("target_time"), data.get("draft_time")
     if not isinstance(table, dict) or not isinstance(draft, (int, float)):
-        raise ValueError(f"--latency: {path} needs a 'target_time' table {{n: seconds}} and a 'draft_time'")
-    return LatencyProfile({int(n): float(t) for n, t in table.items()}, float(draft), f"read from {path}")
+        raise ValueError(
+            f"--latency: {path} needs the target's times per size and the drafter's draft_time "
+            "(a `specbound profile` file measured with a drafter)"
+        )
+    try:
+        return LatencyProfile({int(n): float(t) for n, t in table.items()}, float(draft), f"read from {path}")
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--latency: {path}: {error}") from None
 
 
 def measure_target_latency(model, sizes, *, temperature: float, context: int = 160, repeats: int = 5):

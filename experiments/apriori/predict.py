@@ -339,7 +339,7 @@ def plan_configurations(
     for name, n in multidraft:
         configs.append(DecoderConfig(f"{name}-n{n}", "multidraft", verifier=name, n=n))
 
-    table = {n: t for n, t in cal.latency.target_time.items() if n <= max_budget}
+    table = {n: cal.latency.t(n) for n in range(1, max_budget + 1)}  # measured sizes, interpolated between
     plan = theory.plan_tree(
         matrix, table, cal.latency.draft_time, max_budget=max_budget, max_depth=depth, max_width=width
     )

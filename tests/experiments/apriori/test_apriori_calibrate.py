@@ -180,3 +180,20 @@ def test_read_latency_names_the_argument(tmp_path):
         read_latency(str(path))
     with pytest.raises(ValueError, match="--latency"):
         read_latency(str(tmp_path / "missing.json"))
+
+
+def test_read_latency_reads_a_specbound_profile_file(tmp_path):
+    path = tmp_path / "profile.json"
+    profile = {
+        "format": "specbound-profile",
+        "version": 1,
+        "target": {"sizes": [1, 2, 4, 8], "times": [0.03, 0.032, 0.036, 0.044]},
+        "drafter": {"name": "early-exit:20", "draft_time": 0.02},
+    }
+    path.write_text(json.dumps(profile))
+    latency = read_latency(str(path))
+    assert latency.draft_time == 0.02 and latency.t(3) == pytest.approx(0.034) and latency.t(8) == 0.044
+    profile["drafter"] = None  # measured with --drafter none: no draft cost to plan with
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="--latency"):
+        read_latency(str(path))

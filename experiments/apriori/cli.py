@@ -1,0 +1,135 @@
+"""Arguments and entry point of ``specbound validate`` (the a-priori loop, :mod:`experiments.apriori.run`)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+HELP = (
+    "calibrate on half of the prompts, predict every decoder's tau and speedup, run the other half, compare "
+    "(report.md, results.json, plots)"
+)
+
+
+def add_arguments(parser) -> None:
+    from experiments.apriori.run import DECODER_NAMES
+
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file or a Hugging Face llama directory (default: embedded SmolLM2)",
+    )
+    parser.add_argument(
+        "--drafter",
+        default=None,
+        help="early-exit:K | ngram | model:PATH (default: early exit at 2/3 of the layers)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer prompts, tokens and decoders (under 5 minutes)"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=None, help="HumanEval prompts, split in two halves (default 10)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per generation (default 48)")
+    parser.add_argument(
+        "--temperatures",
+        "--temperature",
+        default="0,1",
+        help="comma-separated sampling temperatures, each >= 0 (default 0,1)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="fixes the prompt split and every random draw")
+    parser.add_argument(
+        "--decoders", default=None, help=f"comma-separated subset of: {', '.join(DECODER_NAMES)}"
+    )
+    parser.add_argument(
+        "--latency",
+        default=None,
+        help="latency profile JSON from `specbound profile` (default: measured in the run)",
+    )
+    parser.add_argument("--out", default="runs/validate", help="run directory (resumed if it exists)")
+    parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
+    )
+
+
+def parse_temperatures(text: str) -> tuple[float, ...]:
+    """``"0,1"`` -> ``(0.0, 1.0)``; ``ValueError`` naming ``--temperatures`` for anything else."""
+    values = []
+    for item in str(text).split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"--temperatures: {item!r} is not a number") from None
+        if not value >= 0 or value != value or value == float("inf"):
+            raise ValueError(
+                f"--temperatures: each temperature must be a finite number >= 0, got {item.strip()}"
+            )
+        values.append(value)
+    if len(set(values)) != len(values):
+        raise ValueError(f"--temperatures: {text!r} repeats a temperature")
+    return tuple(values)
+
+
+def check_writable(out: str) -> None:
+    """``ValueError`` naming ``--out`` when the run directory cannot be created or written."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"--out: cannot write to {out}: {error.strerror or error}") from None
+
+
+def config_from_args(args):
+    """The :class:`~experiments.apriori.run.AprioriConfig` of parsed arguments (checked, quick applied)."""
+    from experiments.apriori.run import DECODER_NAMES, QUICK, AprioriConfig
+
+    settings = dict(QUICK) if args.quick else {}
+    if args.prompts is not None:
+        if args.prompts < 2:
+            raise ValueError(
+                f"--prompts must be at least 2 (one to calibrate, one to evaluate), got {args.prompts}"
+            )
+        settings["prompts"] = args.prompts
+    if args.max_new_tokens is not None:
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+        settings["max_new_tokens"] = args.max_new_tokens
+    settings["temperatures"] = parse_temperatures(args.temperatures)
+    if args.decoders:
+        wanted = tuple(name.strip() for name in args.decoders.split(",") if name.strip())
+        unknown = [name for name in wanted if name not in DECODER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"--decoders: unknown {', '.join(unknown)}; choose from {', '.join(DECODER_NAMES)}"
+            )
+        settings["decoders"] = wanted
+    if args.drafter is not None:
+        from executor.drafters import DRAFTER_KINDS
+
+        if args.drafter.partition(":")[0] not in DRAFTER_KINDS:
+            raise ValueError(
+                f"--drafter: unknown drafter {args.drafter!r}; use early-exit:K, ngram or model:PATH"
+            )
+    if args.latency is not None:
+        from experiments.apriori.calibrate import read_latency
+
+        read_latency(args.latency)  # fail before the model loads
+    return AprioriConfig(
+        model=args.model, drafter=args.drafter, seed=args.seed, latency=args.latency, **settings
+    )
+
+
+def run(args) -> int:
+    from experiments.apriori.run import run_apriori
+    from experiments.commands import set_torch_threads
+
+    config = config_from_args(args)
+    check_writable(args.out)
+    set_torch_threads(args.threads)
+    run_apriori(config, args.out, restart=args.restart)
+    with open(os.path.join(args.out, "report.md")) as stream:
+        print(stream.read())
+    print(f"report written to {os.path.join(args.out, 'report.md')} (+ results.json and the PNGs)")
+    return 0

@@ -1,0 +1,155 @@
+"""`specbound validate` end to end on a tiny random model: every report section, results.json's columns,
+within_ci against the numbers, resuming, predictions that depend on the calibration half only, bad arguments.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from experiments.apriori.report import SECTIONS, build_report
+from experiments.apriori.run import AprioriConfig
+from experiments.cli import main
+from tests.tiny_models import build_tiny_model
+
+ARGS = ["validate", "--quick", "--prompts", "4", "--max-new-tokens", "10"]
+FIELDS = (
+    "decoder",
+    "temperature",
+    "prediction",
+    "measured_tau",
+    "tau_ci",
+    "predicted_tau",
+    "measured_acceptance",
+    "predicted_acceptance",
+    "tokens_per_s",
+    "speedup_vs_ar",
+    "predicted_speedup",
+    "speedup_ci",
+    "within_ci",
+    "replay_tau",
+)
+
+
+class CharacterTokenizer:
+    eos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 10 for c in text][:8]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One quick run on a tiny random model (loaded in place of SmolLM2, prompts in place of HumanEval)."""
+    import executor.weights
+    import experiments.prompts
+
+    model = build_tiny_model(seed=3, vocab_size=10, n_layers=8, max_seq_len=64)
+    out = tmp_path_factory.mktemp("validate") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(executor.weights, "load_model", lambda source=None: (model, CharacterTokenizer()))
+        patch.setattr(
+            experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
+        )
+        assert main([*ARGS, "--out", str(out)]) == 0
+        yield out, patch
+
+
+def test_quick_validate_writes_every_section(tiny_run):
+    out, _ = tiny_run
+    report = (out / "report.md").read_text()
+    for section in SECTIONS:
+        assert section in report
+    for plot in ("tau.png", "speedup.png", "acceptance.png", "budget.png", "multidraft.png"):
+        assert (out / plot).stat().st_size > 1000 and f"]({plot})" in report
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    kinds = {(r["temperature"], r["kind"]) for r in rows}
+    for t in (0.0, 1.0):
+        assert {(t, k) for k in ("ar", "chain", "multidraft", "tree", "dynamic", "stop")} <= kinds
+    for row in rows:
+        assert all(name in row for name in FIELDS) and row["prediction"] == "a-priori"
+        low, high = row["tau_ci"]
+        assert row["within_ci"] == (low - 1e-12 <= row["predicted_tau"] <= high + 1e-12)
+        low, high = row["speedup_ci"]
+        assert row["speedup_within_ci"] == (low - 1e-12 <= row["predicted_speedup"] <= high + 1e-12)
+        assert len(row["predicted_acceptance"]) == len(row["measured_acceptance"])
+        if row["kind"] == "ar":
+            assert row["measured_tau"] == row["predicted_tau"] == 1.0
+        if row["temperature"] == 0 and row["kind"] != "ar":
+            assert row["replay_tau"] == pytest.approx(row["measured_tau"])  # greedy: replay is exact
+
+
+def test_an_interrupted_run_resumes_with_the_same_predictions(tiny_run, tmp_path):
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    units = sorted((out / "units").glob("eval-*.json"))
+    removed = units[len(units) // 2]
+    removed.unlink()
+    before = {p: p.stat().st_mtime_ns for p in units if p != removed}
+    predictions = (out / "predictions-T1.json").read_text()
+    assert main([*ARGS, "--out", str(out)]) == 0
+    assert removed.exists() and all(p.stat().st_mtime_ns == t for p, t in before.items())
+    assert (out / "predictions-T1.json").read_text() == predictions
+
+
+def stored_config(out) -> AprioriConfig:
+    data = json.loads((out / "config.json").read_text())["config"]
+    data.update(
+        temperatures=tuple(data["temperatures"]),
+        budgets=tuple(data["budgets"]),
+        multidraft=tuple(tuple(m) for m in data["multidraft"]),
+    )
+    return AprioriConfig(**data)
+
+
+def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    config = stored_config(out)
+    first = build_report(config, out, "early-exit:5")["rows"]
+    for path in (out / "units").glob("eval-*.json"):
+        unit = json.loads(path.read_text())
+        unit["tokens"] += 3
+        for record in unit["records"]:
+            record["chain"] = record["replay"] = 0.0
+        path.write_text(json.dumps(unit))
+    second = build_report(config, out, "early-exit:5")["rows"]
+    assert [r["predicted_tau"] for r in first] == [r["predicted_tau"] for r in second]
+    assert [r["predicted_speedup"] for r in first] == [r["predicted_speedup"] for r in second]
+    assert [r["measured_tau"] for r in first] != [r["measured_tau"] for r in second]
+    # The calibration half does feed them: perturbing it is caught against the stored predictions.
+    calibration_unit = sorted((out / "units").glob("calib-T1--*.json"))[0]
+    unit = json.loads(calibration_unit.read_text())
+    for record in unit["records"]:
+        record["chain"] = 0.0
+        record["ranks"] = [0.0 for _ in record["ranks"]]
+        record.get("grid", {}).update({k: 0.0 for k in record.get("grid", {})})
+    calibration_unit.write_text(json.dumps(unit))
+    with pytest.raises(ValueError, match="predictions differ"):
+        build_report(config, out, "early-exit:5")
+
+
+@pytest.mark.parametrize(
+    "extra, name",
+    [
+        (["--decoders", "chain-opt,beam"], "--decoders"),
+        (["--temperatures", "0,-0.5"], "--temperatures"),
+        (["--temperature", "hot"], "--temperatures"),
+        (["--prompts", "1"], "--prompts"),
+        (["--drafter", "oracle"], "--drafter"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_naming_them(extra, name, tmp_path, capsys):
+    assert main(["validate", *extra, "--out", str(tmp_path / "run")]) == 2
+    assert name in capsys.readouterr().err
+
+
+def test_unwritable_output_directory_is_named(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main(["validate", "--quick", "--out", str(blocker / "run")]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert not os.path.exists(blocker / "run")
