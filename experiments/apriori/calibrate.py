@@ -42,7 +42,7 @@ __all__ = [
     "RecordingDrafter",
     "calibrate",
     "event_record",
-    "measure_target_latency",
+    "measure_latency",
     "read_latency",
     "split_prompts",
     "tree_width",
@@ -253,21 +253,32 @@ def read_latency(path: str) -> LatencyProfile:
         raise ValueError(f"--latency: {path}: {error}") from None
 
 
-def measure_target_latency(model, sizes, *, temperature: float, context: int = 160, repeats: int = 5):
-    """Median seconds for one verification pass over ``n`` tree nodes (a star: the root and ``n - 1``
-    children, scored with the tree mask) plus the target's probabilities, for each ``n`` in ``sizes``.
+def measure_latency(
+    model, drafter: str, sizes, *, temperature: float, context: int = 160, repeats: int = 5
+) -> LatencyProfile:
+    """Measure the latency profile in the run: median seconds of one verification pass over ``n`` tree nodes
+    (a star: the root and ``n - 1`` children, scored with the tree mask, plus the target's probabilities) for
+    each ``n`` in ``sizes``, and of one draft pass (``drafter.draft_logits`` on one node plus its
+    probabilities).
 
-    Sizes are interleaved within each repetition so that a change in machine load hits all of them alike.
+    Every size and the drafter are timed once per round, in turn (round-robin), so that a change of machine
+    load hits all of them alike; the first round warms up and is dropped.
     """
     import torch
 
-    from executor.decoders.base import DraftTree, Sampling, run_tree
+    from executor.decoders.base import DecodingState, DraftTree, Sampling, run_tree
+    from executor.drafters import parse_drafter
 
     sizes = sorted({int(n) for n in sizes})
     sampling = Sampling(temperature=temperature)
-    context = min(context, model.config.max_seq_len - max(sizes) - 1)
-    model.setup_cache(context + max(sizes) + 1)
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    context = max(2, min(context, model.config.max_seq_len - max(sizes) - 1))
+    slots = context + max(sizes) + 1
+    model.setup_cache(slots)
+    prompt = [1 + i % max(model.config.vocab_size - 1, 1) for i in range(context + 1)]
+    draft = parse_drafter(drafter, model)
+    draft.start(prompt, slots)
+    state = DecodingState(tokens=list(prompt), prompt_length=len(prompt))
+    samples: dict = {n: [] for n in [*sizes, "draft"]}
     with torch.no_grad():
         for _ in range(repeats + 1):
             for n in sizes:
@@ -277,7 +288,13 @@ def measure_target_latency(model, sizes, *, temperature: float, context: int = 1
                 start = time.perf_counter()
                 sampling.probs(run_tree(model, tree, list(range(n)), context))
                 samples[n].append(time.perf_counter() - start)
-    return {n: float(np.median(times[1:])) for n, times in samples.items()}  # the first round warms up
+            start = time.perf_counter()
+            logits = draft.draft_logits(state, DraftTree(prompt[-1]), [0])
+            if logits is not None:
+                sampling.probs(logits)
+            samples["draft"].append(time.perf_counter() - start)
+    table = {n: float(np.median(samples[n][1:])) for n in sizes}
+    return LatencyProfile(table, float(np.median(samples["draft"][1:])), "measured in the run (interleaved)")
 
 
 @dataclass

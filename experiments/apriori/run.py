@@ -15,15 +15,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from experiments.apriori.calibrate import (
     Calibration,
     LatencyProfile,
     RecordingDrafter,
     calibrate,
     event_record,
-    measure_target_latency,
+    measure_latency,
     read_latency,
     split_prompts,
     verification_events,
@@ -181,7 +179,6 @@ def run_generation(
         "seconds": result.wall_time - result.prefill_time,
         "drafted_steps": sum(1 for s in result.steps if s.n_drafted > 0),
         "reached": reached,
-        "draft_calls": [] if recorder is None else recorder.call_times,
         "records": records,
     }
 
@@ -266,17 +263,15 @@ def run_apriori(
             )
             _write_json({"prompt": index, **record}, path)
 
-    # 2. Latency profile: read, or measured in the run (target passes timed here, drafter from the chains).
+    # 2. Latency profile: read from --latency, or measured here (target and drafter interleaved).
     latency_path = out / "latency.json"
     if latency_path.exists():
         latency = LatencyProfile.from_json(_load(latency_path))
     elif config.latency:
         latency = read_latency(config.latency)
     else:
-        calls = [s for unit in _units(out, "calib-*.json") for n, s in unit["draft_calls"] if n == 1]
         sizes = range(1, max(config.max_budget, config.depth + 1) + 1)
-        table = measure_target_latency(model, sizes, temperature=max(config.temperatures))
-        latency = LatencyProfile(table, float(np.median(calls)) if calls else 0.0)
+        latency = measure_latency(model, drafter, sizes, temperature=max(config.temperatures))
     _write_json(latency.to_json(), latency_path)
 
     # 3. Calibrate and predict, per temperature, before any evaluation unit runs.

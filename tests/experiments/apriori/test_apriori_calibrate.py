@@ -197,3 +197,12 @@ def test_read_latency_reads_a_specbound_profile_file(tmp_path):
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="--latency"):
         read_latency(str(path))
+
+
+def test_latency_is_measured_for_every_size_and_the_drafter():
+    from experiments.apriori.calibrate import measure_latency
+
+    model = build_tiny_model(seed=1, vocab_size=10, n_layers=4, max_seq_len=64)
+    latency = measure_latency(model, "early-exit:1", [1, 2, 4], temperature=1.0, context=16, repeats=2)
+    assert sorted(latency.target_time) == [1, 2, 4] and all(t > 0 for t in latency.target_time.values())
+    assert latency.draft_time > 0 and "measured" in latency.source
