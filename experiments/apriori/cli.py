@@ -116,9 +116,21 @@ def config_from_args(args):
         from experiments.apriori.calibrate import read_latency
 
         read_latency(args.latency)  # fail before the model loads
+    settings["multidraft"] = with_optimal_verifier(settings.get("multidraft", AprioriConfig.multidraft))
     return AprioriConfig(
         model=args.model, drafter=args.drafter, seed=args.seed, latency=args.latency, **settings
     )
+
+
+def with_optimal_verifier(grid: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """Add the optimal verifier (``theory.verifier("optimal")``) at every ``n`` of ``grid`` when the executor
+    can run it; its acceptance is the optimum for i.i.d. drafts, the column the multi-draft table compares to."""
+    from executor.decoders import TREE_VERIFIERS
+
+    if "optimal" not in TREE_VERIFIERS:
+        return tuple(grid)
+    sizes = sorted({n for name, n in grid if name != "spechub"})
+    return tuple(grid) + tuple(("optimal", n) for n in sizes if ("optimal", n) not in grid)
 
 
 def run(args) -> int:

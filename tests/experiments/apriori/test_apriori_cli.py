@@ -1,0 +1,42 @@
+"""experiments.apriori.cli: argument checks (exit status 2 naming the argument, before any model loads) and
+the optimal verifier joining the multi-draft grid when the executor runs it."""
+
+import os
+
+import pytest
+
+from experiments.apriori.cli import with_optimal_verifier
+from experiments.cli import main
+
+
+@pytest.mark.parametrize(
+    "extra, name",
+    [
+        (["--decoders", "chain-opt,beam"], "--decoders"),
+        (["--temperatures", "0,-0.5"], "--temperatures"),
+        (["--temperature", "hot"], "--temperatures"),
+        (["--prompts", "1"], "--prompts"),
+        (["--drafter", "oracle"], "--drafter"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_naming_them(extra, name, tmp_path, capsys):
+    assert main(["validate", *extra, "--out", str(tmp_path / "run")]) == 2
+    assert name in capsys.readouterr().err
+
+
+def test_unwritable_output_directory_is_named(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main(["validate", "--quick", "--out", str(blocker / "run")]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert not os.path.exists(blocker / "run")
+
+
+def test_optimal_verifier_joins_the_grid_only_when_the_executor_has_it(monkeypatch):
+    import executor.decoders
+
+    grid = (("rrs", 2), ("kseq", 3), ("spechub", 2))
+    monkeypatch.setattr(executor.decoders, "TREE_VERIFIERS", ("rrs", "kseq", "spechub"))
+    assert with_optimal_verifier(grid) == grid
+    monkeypatch.setattr(executor.decoders, "TREE_VERIFIERS", ("rrs", "kseq", "spechub", "optimal"))
+    assert with_optimal_verifier(grid) == (*grid, ("optimal", 2), ("optimal", 3))
