@@ -265,6 +265,10 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         f"{inside} of {len(rows)} a-priori τ predictions inside their interval; {close} of {len(rows)} "
         "speedup predictions within 10%.",
         "",
+    ]
+    notes = [f"- `{r['decoder']}` at T = {r['temperature']:g}: {r['note']}" for r in rows if r["note"]]
+    lines += notes + ([""] if notes else [])
+    lines += [
         SECTIONS[3],
         "",
         "P(the accepted path reaches depth i), predicted → measured [95% CI].",

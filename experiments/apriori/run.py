@@ -61,8 +61,8 @@ class AprioriConfig:
 
 #: ``--quick``: fewer prompts, tokens, positions and configurations; every report section still produced.
 QUICK = {
-    "prompts": 4,
-    "max_new_tokens": 16,
+    "prompts": 6,
+    "max_new_tokens": 12,
     "depth": 3,
     "max_budget": 8,
     "budgets": (),
