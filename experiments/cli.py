@@ -20,6 +20,7 @@ COMMANDS = {
     "convert-log": "convert_log",
     "profile": "profile",
     "train-drafter": "train_drafter",
+    "bench": "bench",
 }
 
 
