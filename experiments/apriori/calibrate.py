@@ -277,7 +277,7 @@ def measure_latency(
     prompt = [1 + i % max(model.config.vocab_size - 1, 1) for i in range(context + 1)]
     draft = parse_drafter(drafter, model)
     draft.start(prompt, slots)
-    state = DecodingState(tokens=list(prompt), prompt_length=len(prompt))
+    state = DecodingState(tokens=list(prompt))
     samples: dict = {n: [] for n in [*sizes, "draft"]}
     with torch.no_grad():
         for _ in range(repeats + 1):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -162,7 +161,7 @@ def _load(path: Path):
 
 def build_report(config, out, drafter: str) -> dict:
     """Recompute predictions from calibration units, measure from evaluation units, write every output."""
-    from executor.logs import write_json
+    from executor.files import write_json, write_text
     from experiments.apriori.plots import write_plots
     from experiments.apriori.run import _tag, calibrate_from_units
 
@@ -197,7 +196,7 @@ def build_report(config, out, drafter: str) -> dict:
         str(out / "results.json"),
     )
     plots = write_plots(report, out)
-    _write_text(out / "report.md", render_markdown(report, plots))
+    write_text(render_markdown(report, plots), out / "report.md")
     return report
 
 
@@ -336,9 +335,3 @@ def render_markdown(report: dict, plots: list[str]) -> str:
             )
     lines += ["", SECTIONS[7], ""] + [f"![{name}]({name})" for name in plots] + [""]
     return "\n".join(lines)
-
-
-def _write_text(path: Path, text: str) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)

@@ -189,7 +189,7 @@ def calibration_records(units: list[dict]) -> list[dict]:
 
 
 def _write_json(data, path: Path) -> None:
-    from executor.logs import write_json
+    from executor.files import write_json
 
     write_json(data, str(path))
 
@@ -240,7 +240,9 @@ def run_apriori(
         eos_id = tokenizer.eos_id
     if prompt_ids is None or len(prompt_ids) != config.prompts:
         raise ValueError(f"prompt_ids: expected {config.prompts} prompts")
-    drafter = config.drafter or f"early-exit:{max(model.config.n_layers * 2 // 3, 1)}"
+    from executor.drafters import default_drafter
+
+    drafter = config.drafter or default_drafter(model)
     calibration_half, evaluation_half = split_prompts(config.prompts, config.seed)
     bar = _progress(progress)
 

@@ -28,7 +28,7 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from executor.logs import write_json
+    from executor.files import write_json
     from experiments.apriori.cli import check_writable
     from experiments.bench import build_runners, render_markdown, run_bench, summarise
     from experiments.commands import set_torch_threads
