@@ -51,6 +51,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
+    from experiments.commands import add_dtype_argument
+
+    add_dtype_argument(parser)
 
 
 def parse_temperatures(text: str) -> tuple[float, ...]:
@@ -118,7 +121,12 @@ def config_from_args(args):
         read_latency(args.latency)  # fail before the model loads
     settings["multidraft"] = with_optimal_verifier(settings.get("multidraft", AprioriConfig.multidraft))
     return AprioriConfig(
-        model=args.model, drafter=args.drafter, seed=args.seed, latency=args.latency, **settings
+        model=args.model,
+        drafter=args.drafter,
+        seed=args.seed,
+        latency=args.latency,
+        dtype=args.dtype,
+        **settings,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from experiments.apriori.calibrate import (
@@ -54,6 +54,7 @@ class AprioriConfig:
     )
     decoders: tuple[str, ...] | None = None
     latency: str | None = None
+    dtype: str = "auto"  # resolved to "float32" or "bfloat16" before the fingerprint: runs never mix dtypes
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -216,8 +217,13 @@ def run_apriori(
 
     ``model`` and ``prompt_ids`` replace the embedded model and the HumanEval prompts (tests use a tiny model).
     """
+    from executor.device import resolve_dtype
     from experiments.apriori.report import build_report
 
+    if model is None:
+        config = replace(config, dtype=str(resolve_dtype(config.dtype, name="dtype")).removeprefix("torch."))
+    else:
+        config = replace(config, dtype=str(model.tok_embeddings.weight.dtype).removeprefix("torch."))
     out = Path(out)
     manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
     if (out / "config.json").exists() and not restart:
@@ -231,18 +237,19 @@ def run_apriori(
                 stale.unlink()
     _write_json(manifest, out / "config.json")
 
+    model_loaded_here = model is None
     if model is None:
         from executor.weights import load_model
         from experiments.prompts import humaneval_prompts
 
-        model, tokenizer = load_model(config.model)
+        model, tokenizer = load_model(config.model, dtype=config.dtype)
         prompt_ids = [tokenizer.encode(text) for text in humaneval_prompts(config.prompts)]
         eos_id = tokenizer.eos_id
     if prompt_ids is None or len(prompt_ids) != config.prompts:
         raise ValueError(f"prompt_ids: expected {config.prompts} prompts")
     from executor.drafters import default_drafter
 
-    drafter = config.drafter or default_drafter(model)
+    drafter = config.drafter or default_drafter(model, train_if_missing=model_loaded_here)
     calibration_half, evaluation_half = split_prompts(config.prompts, config.seed)
     bar = _progress(progress)
 

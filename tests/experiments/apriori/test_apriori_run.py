@@ -47,7 +47,9 @@ def tiny_run(tmp_path_factory):
     model = build_tiny_model(seed=3, vocab_size=10, n_layers=8, max_seq_len=64)
     out = tmp_path_factory.mktemp("validate") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(executor.weights, "load_model", lambda source=None: (model, CharacterTokenizer()))
+        patch.setattr(
+            executor.weights, "load_model", lambda source=None, dtype=None: (model, CharacterTokenizer())
+        )
         patch.setattr(
             experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
         )
