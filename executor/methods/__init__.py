@@ -1,0 +1,69 @@
+"""The seed papers' methods, one module each, behind one interface (:class:`Method`) and a registry by name.
+
+``executor.methods.get(name)`` returns the method's class; ``get(name)(target, tokenizer, **options)`` builds
+it on a model; ``names()`` lists the registered names. Every method has ``name``, ``lossless`` and ``paper``,
+:meth:`Method.build(temperature) <Method.build>` (a decoder), :meth:`Method.predict` (the theory's tokens
+per step from calibration prompts) and :meth:`Method.run` (a :class:`MethodResult`).
+
+=================== ==================================================== =========
+name                paper                                                lossless
+=================== ==================================================== =========
+``dyspec``          DySpec's greedy dynamic tree (arXiv 2410.11744)      yes
+``sequoia``         Sequoia's static optimal tree (arXiv 2402.12374)     yes
+``staged``          staged speculative decoding (arXiv 2308.04623)       yes
+``easyspec``        EasySpec layer-parallel drafting (arXiv 2502.02493)  yes
+``del``             DEL dynamic exit layer (arXiv 2504.05598)            yes
+``kangaroo``        Kangaroo double early exit, theory's eta (2404.18911) yes
+``kangaroo-fixed``  Kangaroo with the paper's fixed eta = 0.6             yes
+``specdecpp``       SpecDec++ adaptive candidate length (2405.19715)      yes
+``code-completion`` dynamic inference for code completion (Sun et al.)   no
+=================== ==================================================== =========
+
+The drafters are the untrained early exit of the target for now; each method takes a ``drafter`` (or head)
+option so trained drafters plug in without changing the method.
+"""
+
+from __future__ import annotations
+
+from executor.methods.base import LayerCounter, Method, MethodResult, Prediction
+from executor.methods.dyspec import DySpec, DySpecDecoder, Sequoia
+
+__all__ = [
+    "LayerCounter",
+    "Method",
+    "MethodResult",
+    "Prediction",
+    "DySpec",
+    "DySpecDecoder",
+    "Sequoia",
+    "get",
+    "names",
+]
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Add a :class:`Method` subclass to the registry under ``cls.name`` (a new name only)."""
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise ValueError(f"only Method subclasses can be registered, got {cls!r}")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"a method named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """The registered method names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> type[Method]:
+    """The method class registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+for _cls in (DySpec, Sequoia):
+    register(_cls)

@@ -1,0 +1,43 @@
+"""Small helpers shared by the method modules: default exit layer, calibration runs, option checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from executor.methods.calibration import ExitProfile, continuation, exit_profile
+from theory.checks import as_count
+
+__all__ = ["calibration_profile", "check_exit_layer", "default_exit_layer"]
+
+
+def default_exit_layer(target) -> int:
+    """The early-exit layer used when none is given: 13/15 of the depth (26 of SmolLM2's 30 layers, where
+    the untrained exit agrees best with the final layer; 1 of a 2-layer test model)."""
+    return max(1, min(target.config.n_layers - 1, round(target.config.n_layers * 13 / 15)))
+
+
+def check_exit_layer(target, exit_layer, name: str = "exit_layer") -> int:
+    exit_layer = as_count(exit_layer, name)
+    if exit_layer >= target.config.n_layers:
+        raise ValueError(
+            f"{name} must be below the target's {target.config.n_layers} layers, got {exit_layer}"
+        )
+    return exit_layer
+
+
+def calibration_profile(
+    target, prompts: list[list[int]], layers, temperature: float, max_new_tokens: int, head=None
+) -> tuple[ExitProfile, list[np.ndarray]]:
+    """Exit profile of ``layers`` over each calibration prompt's plain-decoding continuation.
+
+    Returns the pooled profile and, per prompt, the slice boundaries (for run lengths per sequence).
+    """
+    profiles = []
+    for index, prompt in enumerate(prompts):
+        text = continuation(target, prompt, max_new_tokens, temperature, seed=1000 + index)
+        if not text:
+            continue
+        profiles.append(exit_profile(target, prompt + text, len(prompt), layers, temperature, head=head))
+    if not profiles:
+        raise ValueError("calibration_prompts produced no continuation to measure")
+    return ExitProfile.concatenate(profiles), profiles

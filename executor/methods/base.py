@@ -1,0 +1,175 @@
+"""What every seed method shares: the :class:`Method` interface, its result, and the layer-work counter.
+
+A method is a paper's decoding algorithm built on a target model (and its tokenizer): :meth:`Method.predict`
+measures what the theory needs on *calibration* prompts (other prompts than the ones it is evaluated on) and
+returns the theory's prediction of tokens per step; :meth:`Method.build` returns the decoder for a
+temperature; :meth:`Method.run` generates and returns a :class:`MethodResult` with the emitted tokens, the
+number of target verification steps, the per-position acceptance and the transformer layers used.
+
+Layers used are counted, not estimated: :class:`LayerCounter` hooks every decoder layer of the target and adds
+the number of token positions each layer processes, so a draft pass through ``k`` layers over ``m`` tree
+nodes counts ``k * m`` and plain decoding counts ``n_layers`` per token.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from executor.decoders.base import Decoder, Sampling
+from theory.checks import as_nonnegative
+
+__all__ = ["LayerCounter", "Method", "MethodResult", "Prediction", "check_temperature"]
+
+
+def check_temperature(temperature) -> float:
+    """A temperature ``>= 0`` as a float, else ``ValueError`` naming ``temperature``."""
+    if isinstance(temperature, bool):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    return as_nonnegative(temperature, "temperature")
+
+
+class LayerCounter:
+    """Counts the token positions processed by each decoder layer of ``model`` while active (a context).
+
+    ``total`` is the sum over layers of the positions they processed: layer-token evaluations.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.total = 0
+        self._handles: list = []
+
+    def _hook(self, module, args) -> None:
+        self.total += int(args[0].shape[1])
+
+    def __enter__(self) -> LayerCounter:
+        self._handles = [layer.register_forward_pre_hook(self._hook) for layer in self.model.layers]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+@dataclass
+class MethodResult:
+    """One generation by a method.
+
+    Attributes
+    ----------
+    token_ids : list of int
+        The generated tokens (prompt excluded).
+    steps : int
+        Target verification passes (for non-speculative methods: forward passes).
+    acceptance_by_position : list of float
+        Fraction of drafting steps whose accepted path reached depth ``i + 1``.
+    layer_evaluations : int
+        Decoder-layer evaluations (layers times token positions), drafts included.
+    wall_time : float
+        Seconds, prefill included.
+    extra : dict
+        Method-specific measurements (exit layers chosen, passes saved, ...).
+    """
+
+    token_ids: list[int]
+    steps: int
+    acceptance_by_position: list[float]
+    layer_evaluations: int
+    wall_time: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target step (bonus token included)."""
+        return len(self.token_ids) / self.steps if self.steps else float("nan")
+
+    @property
+    def layers_per_token(self) -> float:
+        return self.layer_evaluations / len(self.token_ids) if self.token_ids else float("nan")
+
+
+@dataclass
+class Prediction:
+    """The theory's forecast for a method, computed from calibration prompts before the evaluation run."""
+
+    predicted_tau: float | None
+    details: dict = field(default_factory=dict)
+    train_seconds: float | None = None
+
+
+def acceptance_by_position(steps) -> list[float]:
+    """vLLM's per-position acceptance over step logs: accepted at depth ``i + 1`` / steps that drafted."""
+    drafted = [s for s in steps if s.accepted]
+    if not drafted:
+        return []
+    depth = max(len(s.accepted) for s in drafted)
+    return [sum(len(s.accepted) > i and s.accepted[i] for s in drafted) / len(drafted) for i in range(depth)]
+
+
+class Method(ABC):
+    """A seed paper's decoding method on ``target`` (a :class:`executor.model.Transformer`).
+
+    Subclasses set ``name``, ``lossless`` and ``paper`` and implement :meth:`build` (and usually
+    :meth:`predict`). Options are keyword arguments of the constructor; bad options raise ``ValueError``
+    naming the option.
+    """
+
+    name: str = "method"
+    lossless: bool = True
+    paper: str = ""
+
+    def __init__(self, target, tokenizer=None) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.calibrated: dict = {}
+
+    @abstractmethod
+    def build(self, temperature: float = 0.0) -> Decoder:
+        """The decoder that runs this method at ``temperature``."""
+
+    def predict(self, calibration_prompts: list[list[int]], temperature: float, max_new_tokens: int):
+        """Measure on ``calibration_prompts`` what the theory needs and return its :class:`Prediction`."""
+        return Prediction(None)
+
+    def sampling(self, temperature: float) -> Sampling:
+        return Sampling(temperature=check_temperature(temperature))
+
+    def run(
+        self,
+        prompt_ids,
+        *,
+        temperature: float = 0.0,
+        max_new_tokens: int = 64,
+        generator: torch.Generator | None = None,
+        eos_id: int | None = None,
+    ) -> MethodResult:
+        """Generate after ``prompt_ids`` with this method and measure it."""
+        decoder = self.build(temperature)
+        with LayerCounter(self.target) as counter:
+            start = time.perf_counter()
+            result = decoder.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+            wall = time.perf_counter() - start
+        return MethodResult(
+            token_ids=list(result.token_ids),
+            steps=len(result.steps),
+            acceptance_by_position=acceptance_by_position(result.steps),
+            layer_evaluations=counter.total,
+            wall_time=wall,
+            extra=self.extra(decoder),
+        )
+
+    def extra(self, decoder) -> dict:
+        """Method-specific measurements after a run (override)."""
+        return {}
+
+    def describe(self) -> dict:
+        """Name, losslessness, paper and options, for reports."""
+        return {"method": self.name, "lossless": self.lossless, "paper": self.paper, **self.options()}
+
+    def options(self) -> dict:
+        return {}

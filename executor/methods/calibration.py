@@ -1,0 +1,177 @@
+"""Measurements on calibration prompts that the methods' theory needs: per-layer exit agreement, acceptance
+vectors and forward-pass costs.
+
+:func:`exit_profile` runs the target once over a prompt and its continuation with a forward hook on every
+decoder layer, so each layer's exit prediction (final norm and LM head on its hidden state: LayerSkip's early
+exit, Elhoushi et al., ACL 2024, arXiv 2404.16710) is read from the *same* forward pass as the final one.
+For each continuation position ``t`` and exit layer ``l`` it returns
+
+* ``match[l, t]`` = 1 if the exit argmax equals the final argmax (greedy acceptance),
+* ``accept[l, t]`` = :math:`\\sum_x \\min(p_t(x), q_{l,t}(x))` at the sampling temperature (the acceptance
+  probability of speculative sampling, Leviathan et al., ICML 2023; equals ``match`` at temperature 0),
+* ``confidence[l, t]`` = the exit distribution's top probability at temperature 1 (Kangaroo's signal),
+* ``rank[l, t]`` = rank of the final argmax in the exit distribution (Sequoia's positional acceptance at
+  temperature 0: the ``k``-th child is accepted iff the rank is ``k - 1``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from executor.sampling import logits_to_probs
+
+__all__ = [
+    "ExitProfile",
+    "continuation",
+    "default_exit_head",
+    "exit_profile",
+    "forward_time_ratio",
+    "positional_acceptance",
+    "run_lengths",
+]
+
+#: ``head(layer, hidden) -> logits``: the exit head of ``layer`` (the shared final norm + LM head by default).
+ExitHead = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def default_exit_head(model) -> ExitHead:
+    """The untrained early exit: the model's final RMSNorm and (tied) LM head on any layer's hidden state."""
+    weight = model.tok_embeddings.weight if model.output is None else model.output.weight
+
+    def head(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(model.norm(hidden), weight).float()
+
+    return head
+
+
+@dataclass
+class ExitProfile:
+    """Per exit layer (rows, in ``layers`` order) and continuation position (columns) statistics."""
+
+    layers: list[int]
+    match: np.ndarray
+    accept: np.ndarray
+    confidence: np.ndarray
+    rank: np.ndarray
+
+    def row(self, layer: int) -> int:
+        return self.layers.index(layer)
+
+    @staticmethod
+    def concatenate(profiles: Sequence[ExitProfile]) -> ExitProfile:
+        first = profiles[0]
+        return ExitProfile(
+            first.layers,
+            *(np.concatenate([getattr(p, k) for p in profiles], axis=1) for k in ("match", "accept")),
+            np.concatenate([p.confidence for p in profiles], axis=1),
+            np.concatenate([p.rank for p in profiles], axis=1),
+        )
+
+
+def continuation(
+    model, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int
+) -> list[int]:
+    """Plain decoding's continuation (greedy at temperature 0, sampled otherwise) used as calibration text."""
+    from executor.decoders import AutoregressiveDecoder, Sampling
+
+    decoder = AutoregressiveDecoder(model, sampling=Sampling(temperature=temperature))
+    generator = torch.Generator(device=model.tok_embeddings.weight.device).manual_seed(seed)
+    return decoder.generate(prompt_ids, max_new_tokens, generator=generator).token_ids
+
+
+def exit_profile(
+    model,
+    tokens: list[int],
+    start: int,
+    layers: Sequence[int],
+    temperature: float = 0.0,
+    head: ExitHead | None = None,
+    max_rank: int = 64,
+) -> ExitProfile:
+    """Exit statistics of ``layers`` at the positions predicting ``tokens[start:]`` (one forward pass).
+
+    ``layers`` are exit layers in ``[1, n_layers)`` (the number of layers run before the exit head).
+    """
+    if not 1 <= start < len(tokens):
+        raise ValueError(f"start must be in [1, {len(tokens)}), got {start}")
+    head = default_exit_head(model) if head is None else head
+    captured: dict[int, torch.Tensor] = {}
+    handles = [
+        model.layers[layer - 1].register_forward_hook(
+            lambda module, args, output, layer=layer: captured.__setitem__(layer, output)
+        )
+        for layer in layers
+    ]
+    try:
+        with torch.no_grad():
+            model.setup_cache(len(tokens))
+            final = model(torch.tensor([tokens]), torch.arange(len(tokens)))[0, start - 1 : -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    target = final.argmax(-1)
+    p = logits_to_probs(final, temperature) if temperature > 0 else None
+    rows = {k: [] for k in ("match", "accept", "confidence", "rank")}
+    with torch.no_grad():
+        for layer in layers:
+            logits = head(layer, captured[layer][0, start - 1 : -1])
+            match = (logits.argmax(-1) == target).double()
+            rows["match"].append(match.numpy())
+            if p is None:
+                rows["accept"].append(match.numpy())
+            else:
+                q = logits_to_probs(logits, temperature)
+                rows["accept"].append(torch.minimum(p, q).sum(-1).double().numpy())
+            rows["confidence"].append(logits.softmax(-1).max(-1).values.double().numpy())
+            better = (logits > logits.gather(-1, target[:, None])).sum(-1)
+            rows["rank"].append(better.clamp_max(max_rank).numpy())
+    return ExitProfile(list(layers), *(np.stack(rows[k]) for k in ("match", "accept", "confidence", "rank")))
+
+
+def run_lengths(match: np.ndarray) -> np.ndarray:
+    """For each position, how many consecutive matches start there (greedy chain accepted length, no cap)."""
+    out = np.zeros(match.shape[-1], dtype=np.int64)
+    count = 0
+    for t in range(match.shape[-1] - 1, -1, -1):
+        count = count + 1 if match[t] else 0
+        out[t] = count
+    return out
+
+
+def positional_acceptance(runs: np.ndarray, gamma: int) -> np.ndarray:
+    """Conditional acceptance of chain positions ``1..gamma`` from run lengths: P(run >= j | run >= j - 1)."""
+    alphas = []
+    for j in range(1, gamma + 1):
+        reached = np.sum(runs >= j - 1)
+        alphas.append(float(np.sum(runs >= j) / reached) if reached else 0.0)
+    return np.array(alphas)
+
+
+def forward_time_ratio(
+    model, exit_layer: int | None, tokens: int = 1, repeats: int = 5, context: int = 64
+) -> float:
+    """Seconds of a pass over ``tokens`` new positions through ``exit_layer`` layers (and the head) divided by
+    a full one-token pass, timed interleaved (median of ``repeats``) so machine load affects both alike."""
+    device = model.tok_embeddings.weight.device
+    model.setup_cache(context + tokens + 1)
+    ids = torch.zeros(1, context, dtype=torch.long, device=device)
+    with torch.no_grad():
+        model(ids, torch.arange(context, device=device))
+        ratios = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(ids[:, :1], torch.tensor([context], device=device))
+            full = time.perf_counter() - start
+            start = time.perf_counter()
+            model(
+                ids[:, :tokens], torch.arange(context, context + tokens, device=device), exit_layer=exit_layer
+            )
+            part = time.perf_counter() - start
+            ratios.append(part / full)
+    return float(np.median(ratios))

@@ -1,0 +1,270 @@
+"""DySpec's dynamic token tree against Sequoia's static optimal tree of the same node budget.
+
+**DySpec** (Xiong et al., arXiv 2410.11744, Alg. 1): the tree of at most ``budget`` nodes is grown greedily
+by the estimated probability that a node is reached and accepted, its path probability
+:math:`v(u) = \\prod_{a \\in \\mathrm{path}(u)} q(a)` (the draft's probabilities as acceptance proxies);
+the paper's heap pops the largest-value site until the budget is spent, and its optimality theorem (App. D.1)
+says the result is the maximum-weight root-connected subtree. The executor's
+:class:`executor.decoders.DynamicTree` is *not* this rule: it keeps the ``branching`` best candidates of each
+*level* (EAGLE-2's per-level beam), so a deep likely chain and a wide shallow fan are traded differently.
+:class:`DySpecDecoder` implements the paper's global rule with one draft call per level (its Alg. 2 with the
+threshold that reproduces Alg. 1): all children of every expanded node are candidates with value
+:math:`v(\\text{parent}) \\cdot \\tilde q^{(j)}` (``j``-th largest draft probability); after each level the
+``budget - 1`` best known candidates are the tentative tree; a node is expanded only if its own value beats
+the weakest tentative candidate (otherwise none of its descendants can enter, values only shrink along
+paths). The final tree is the ``budget - 1`` best candidates, exactly Alg. 1's tree for the ranked values.
+
+At temperature 0 the children are the draft's top tokens and the walk follows the target's argmax. At
+temperature > 0 the children of a node are drawn without replacement (``rrs_wor``) and a node keeps its first
+``k`` draws, ``k`` decided from ranked values that never depend on the identity of the draws it drops, which
+keeps the walk lossless (tested against the exact law).
+
+**Sequoia** (Chen et al., NeurIPS 2024, arXiv 2402.12374): the positional acceptance vector ``acc`` is
+measured on calibration prompts with a one-level tree of ``W`` children (the repository's ``test_accept``),
+and :func:`theory.optimal_tree` returns the tree maximising :math:`F(T) = \\sum_v f(v)` for the budget; the
+same vector predicts both methods' tokens per step (:func:`theory.greedy_tree` for DySpec's rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from executor.decoders import DraftTree, MultiDraftDecoder, TreeDecoder
+from executor.decoders.base import DecodingState
+from executor.drafters import EarlyExitDrafter
+from executor.methods._common import check_exit_layer, default_exit_layer
+from executor.methods.base import Method, Prediction
+from theory.checks import as_count
+
+__all__ = ["DySpec", "DySpecDecoder", "Sequoia", "child_acceptance"]
+
+
+class DySpecDecoder(TreeDecoder):
+    """Tree decoder whose tree is grown by DySpec's global greedy rule under a node budget.
+
+    Parameters
+    ----------
+    target, drafter
+        As for :class:`executor.decoders.TreeDecoder`; the drafter must keep no per-node state between
+        ``draft_logits`` and ``commit`` (the early-exit drafter), since the final tree is renumbered.
+    budget : int
+        Largest tree size, root included (``>= 2``).
+    max_depth : int
+        Largest number of drafted levels (draft calls per step).
+    max_width : int
+        Largest number of children per node.
+    """
+
+    name = "dyspec"
+
+    def __init__(self, target, drafter, *, budget: int, max_depth: int, max_width: int = 8, **kwargs):
+        self.budget = as_count(budget, "budget", minimum=2)
+        self.max_depth = as_count(max_depth, "max_depth")
+        self.max_width = as_count(max_width, "max_width")
+        super().__init__(target, drafter, tree=[-1] + [0] * (self.budget - 1), **kwargs)
+        self.draft_calls = 0
+
+    @property
+    def max_tree_size(self) -> int:
+        return self.budget
+
+    def settings(self) -> dict:
+        return {**super().settings(), "budget": self.budget, "max_depth": self.max_depth}
+
+    def _ranked(self, row: torch.Tensor) -> list[float]:
+        weights = row.softmax(-1) if self.sampling.greedy else self.sampling.probs(row)
+        width = min(self.max_width, int((weights > 0).sum()))
+        return torch.topk(weights, width).values.tolist()
+
+    def draft(self, state: DecodingState, generator: torch.Generator) -> DraftTree:
+        work = DraftTree(state.tokens[-1])
+        self._node_verifier = {}
+        value = {0: 1.0}
+        candidates: list[tuple[float, int, int, int]] = []  # (value, order, node, rank)
+        order = 0
+        room = self.budget - 1
+        frontier = [0]
+        for _ in range(self.max_depth):
+            if not frontier:
+                break
+            logits = self.drafter.draft_logits(state, work, frontier)
+            if logits is None:
+                break
+            self.draft_calls += 1
+            ranked = {}
+            for node, row in zip(frontier, logits, strict=True):
+                ranked[node] = self._ranked(row)
+                for rank, q in enumerate(ranked[node]):
+                    candidates.append((value[node] * q, order, node, rank))
+                    order += 1
+            candidates.sort(key=lambda c: (-c[0], c[1]))
+            chosen = candidates[:room]
+            counts = dict.fromkeys(frontier, 0)
+            for _, _, node, _ in chosen:
+                if node in counts:
+                    counts[node] += 1
+            weakest = chosen[-1][0] if len(chosen) == room else 0.0
+            next_frontier = []
+            for node, row in zip(frontier, logits, strict=True):
+                if not counts[node]:
+                    continue
+                self._draw_children(work, node, row, counts[node], generator)
+                for rank, child in enumerate(work.children[node]):
+                    value[child] = value[node] * ranked[node][rank]
+                    if value[child] > weakest:
+                        next_frontier.append(child)
+            frontier = next_frontier
+        return self._final_tree(work, candidates[:room])
+
+    def _final_tree(self, work: DraftTree, chosen) -> DraftTree:
+        """Keep the chosen candidates (each a drawn child ``rank`` of ``node``), renumbered breadth first."""
+        keep = {0}
+        for _, _, node, rank in chosen:
+            if rank < len(work.children[node]):
+                keep.add(work.children[node][rank])
+        tree = DraftTree(work.tokens[0])
+        verifiers = {}
+        new_id = {0: 0}
+        queue = [0]
+        while queue:
+            old = queue.pop(0)
+            kids = [c for c in work.children[old] if c in keep and work.parents[c] == old]
+            # Children are kept as a prefix of the draws (ranked values decrease with the rank).
+            kids = work.children[old][: len(kids)]
+            if kids:
+                tree.draft_probs[new_id[old]] = work.draft_probs[old]
+                verifiers[new_id[old]] = self._node_verifier[old]
+            for child in kids:
+                new_id[child] = tree.add_child(new_id[old], work.tokens[child])
+                queue.append(child)
+        self._node_verifier = verifiers
+        return tree
+
+
+def child_acceptance(target, drafter_factory, width: int, temperature: float, prompts, max_new_tokens: int):
+    """Sequoia's positional acceptance vector, measured: ``acc[k]`` = fraction of steps of a one-level tree
+    with ``width`` children (drawn without replacement, or the top tokens at temperature 0) whose accepted
+    child is the ``k + 1``-th (Sequoia's ``tests/test_accept.py``)."""
+    from executor.decoders import Sampling
+
+    counts = np.zeros(width)
+    steps = 0
+    for index, prompt in enumerate(prompts):
+        decoder = MultiDraftDecoder(
+            target,
+            drafter_factory(),
+            n=width,
+            verifier="rrs_wor",
+            sampling=Sampling(temperature=temperature),
+        )
+        generator = torch.Generator().manual_seed(2000 + index)
+        result = decoder.generate(prompt, max_new_tokens, generator=generator)
+        for step in result.steps:
+            steps += 1
+            if len(step.accepted_path) > 1:
+                counts[step.accepted_path[1] - 1] += 1
+    return counts / max(steps, 1)
+
+
+class _TreeMethod(Method):
+    def __init__(
+        self,
+        target,
+        tokenizer=None,
+        *,
+        exit_layer: int | None = None,
+        budget: int = 8,
+        max_depth: int = 4,
+        width: int = 4,
+        drafter=None,
+    ) -> None:
+        super().__init__(target, tokenizer)
+        self.exit_layer = check_exit_layer(
+            target, default_exit_layer(target) if exit_layer is None else exit_layer
+        )
+        self.budget = as_count(budget, "budget", minimum=2)
+        self.max_depth = as_count(max_depth, "max_depth")
+        self.width = as_count(width, "width")
+        self._drafter = drafter  # pluggable: a factory () -> Drafter (e.g. a trained feature head)
+        self.acc: np.ndarray | None = None
+
+    def make_drafter(self):
+        return (
+            self._drafter() if self._drafter is not None else EarlyExitDrafter(self.target, self.exit_layer)
+        )
+
+    def options(self) -> dict:
+        return {"exit_layer": self.exit_layer, "budget": self.budget, "max_depth": self.max_depth}
+
+    def measure(self, prompts, temperature, max_new_tokens) -> np.ndarray:
+        self.acc = child_acceptance(
+            self.target, self.make_drafter, self.width, temperature, prompts, max_new_tokens
+        )
+        return self.acc
+
+
+class DySpec(_TreeMethod):
+    """DySpec's greedy dynamic tree (see :mod:`executor.methods.dyspec`)."""
+
+    name = "dyspec"
+    paper = "DySpec, Xiong et al., arXiv 2410.11744"
+
+    def build(self, temperature: float = 0.0):
+        return DySpecDecoder(
+            self.target,
+            self.make_drafter(),
+            budget=self.budget,
+            max_depth=self.max_depth,
+            max_width=self.width,
+            sampling=self.sampling(temperature),
+        )
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        import theory
+
+        acc = self.measure(calibration_prompts, temperature, max_new_tokens)
+        solution = theory.greedy_tree(acc, self.budget, max_depth=self.max_depth)
+        return Prediction(
+            solution.expected_tokens, {"acceptance_vector": acc.tolist(), "model": "greedy_tree(acc)"}
+        )
+
+    def extra(self, decoder) -> dict:
+        return {"draft_calls": decoder.draft_calls}
+
+
+class Sequoia(_TreeMethod):
+    """Sequoia's static optimal tree for the measured acceptance vector and the same budget."""
+
+    name = "sequoia"
+    paper = "Sequoia, Chen et al., NeurIPS 2024, arXiv 2402.12374"
+
+    def __init__(self, target, tokenizer=None, **options) -> None:
+        super().__init__(target, tokenizer, **options)
+        self.tree = None
+
+    def plan(self):
+        import theory
+
+        acc = self.acc if self.acc is not None else np.array([0.6] + [0.1] * (self.width - 1))
+        self.tree = theory.optimal_tree(acc, self.budget, max_depth=self.max_depth)
+        return self.tree
+
+    def build(self, temperature: float = 0.0):
+        if self.tree is None:
+            self.plan()
+        return TreeDecoder(
+            self.target, self.make_drafter(), tree=self.tree.tree, sampling=self.sampling(temperature)
+        )
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        self.measure(calibration_prompts, temperature, max_new_tokens)
+        solution = self.plan()
+        return Prediction(
+            solution.expected_tokens,
+            {
+                "acceptance_vector": self.acc.tolist(),
+                "tree": list(solution.tree.parents),
+                "model": "optimal_tree",
+            },
+        )
