@@ -26,14 +26,21 @@ option so trained drafters plug in without changing the method.
 from __future__ import annotations
 
 from executor.methods.base import LayerCounter, Method, MethodResult, Prediction
+from executor.methods.del_exit import DEL
 from executor.methods.dyspec import DySpec, DySpecDecoder, Sequoia
+from executor.methods.kangaroo import Kangaroo, KangarooFixed
+from executor.methods.specdecpp import SpecDecPP
 
 __all__ = [
     "LayerCounter",
     "Method",
     "MethodResult",
     "Prediction",
+    "DEL",
     "DySpec",
+    "Kangaroo",
+    "KangarooFixed",
+    "SpecDecPP",
     "DySpecDecoder",
     "Sequoia",
     "get",
@@ -65,5 +72,5 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-for _cls in (DySpec, Sequoia):
+for _cls in (DySpec, Sequoia, DEL, Kangaroo, KangarooFixed, SpecDecPP):
     register(_cls)
