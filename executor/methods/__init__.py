@@ -28,8 +28,10 @@ from __future__ import annotations
 from executor.methods.base import LayerCounter, Method, MethodResult, Prediction
 from executor.methods.del_exit import DEL
 from executor.methods.dyspec import DySpec, DySpecDecoder, Sequoia
+from executor.methods.easyspec import EasySpec
 from executor.methods.kangaroo import Kangaroo, KangarooFixed
 from executor.methods.specdecpp import SpecDecPP
+from executor.methods.staged import Staged
 
 __all__ = [
     "LayerCounter",
@@ -41,7 +43,9 @@ __all__ = [
     "Kangaroo",
     "KangarooFixed",
     "SpecDecPP",
+    "Staged",
     "DySpecDecoder",
+    "EasySpec",
     "Sequoia",
     "get",
     "names",
@@ -72,5 +76,5 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-for _cls in (DySpec, Sequoia, DEL, Kangaroo, KangarooFixed, SpecDecPP):
+for _cls in (DySpec, Sequoia, Staged, EasySpec, DEL, Kangaroo, KangarooFixed, SpecDecPP):
     register(_cls)

@@ -1,0 +1,250 @@
+"""EasySpec: layer-parallel ("fuzzy") drafting with bonus calibration (Wu et al., NeurIPS 2025,
+arXiv 2502.02493).
+
+The drafter (here the target's first ``exit_layer`` layers with their own KV cache, a truncated SmolLM2) is cut
+into groups of consecutive layers; the first and last ``exact_layers`` stay sequential, the others form groups
+of ``group_size``. Within a group every member computes its attention from the *group's input* ``h`` (what
+lets the members run on different devices at once) and writes its K/V from that input (the fuzzy KV); the
+MLPs then run in order on the exact residual, the authors' ``ATTN_ONLY`` policy:
+
+.. math:: a_i = \\mathrm{Attn}_i(\\mathrm{RMS}_i(h)),\\quad x \\leftarrow x + a_i,\\quad
+          x \\leftarrow x + \\mathrm{MLP}_i(\\mathrm{RMS}'_i(x)) \\quad (i = 1..N,\\ x_0 = h).
+
+After each verification the draft cache is *calibrated*: the first draft pass of the next round runs all
+layers exactly and sequentially over every token whose draft K/V was written in fuzzy mode (the accepted drafts)
+plus the new root, overwriting them; its last logits give the first draft token (``EVERY_ROUND`` policy).
+The chain is verified by the target as usual, so the method is lossless.
+
+On one CPU the groups run one after the other, so nothing is faster; what is measured is the acceptance drop
+of fuzzy drafting (against the same drafter run exactly) and the calibration cost (the multi-token exact pass
+against a one-token pass), which :func:`theory.layer_parallel_speedup` turns into the speedup on several
+devices.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from executor.decoders import ChainDecoder
+from executor.methods._common import check_exit_layer, default_exit_layer
+from executor.methods.base import Method, Prediction, acceptance_by_position
+from executor.methods.calibration import forward_time_ratio
+from executor.model import KVCache
+from theory.checks import as_count
+
+__all__ = ["EasySpec", "LayerParallelDrafter", "layer_groups"]
+
+
+def layer_groups(n_layers: int, group_size: int, exact_layers: int) -> list[list[int]]:
+    """Consecutive groups: the first and last ``exact_layers`` alone, the middle in groups of ``group_size``."""
+    head = list(range(min(exact_layers, n_layers)))
+    tail = list(range(max(n_layers - exact_layers, len(head)), n_layers))
+    middle = list(range(len(head), n_layers - len(tail)))
+    groups = [[i] for i in head]
+    groups += [middle[i : i + group_size] for i in range(0, len(middle), group_size)]
+    return groups + [[i] for i in tail]
+
+
+class LayerParallelDrafter:
+    """The target's first ``exit_layer`` layers (shared weights, own KV cache) drafting in fuzzy groups."""
+
+    deterministic = False
+
+    def __init__(self, target, exit_layer: int, *, group_size: int = 2, exact_layers: int = 2, fuzzy=True):
+        self.target = target
+        self.exit_layer = exit_layer
+        memo = {id(p): p for p in target.parameters()}
+        for layer in target.layers[:exit_layer]:
+            memo[id(layer.attention.kv_cache)] = None
+        self.layers = copy.deepcopy(nn.ModuleList(target.layers[:exit_layer]), memo)
+        self.groups = (
+            layer_groups(exit_layer, group_size, exact_layers) if fuzzy else [[i] for i in range(exit_layer)]
+        )
+        self.name = f"layer-parallel:{exit_layer}" if fuzzy else f"early-exit-own-cache:{exit_layer}"
+        self.length = 0
+        self.calibration_passes: list[tuple[int, float]] = []
+        self.draft_passes: list[float] = []
+
+    def check_target(self, target) -> None:
+        if target is not self.target:
+            raise ValueError("a LayerParallelDrafter must be built on the target it drafts for")
+
+    def start(self, prompt, cache_slots) -> None:
+        config = self.target.config
+        weight = self.target.tok_embeddings.weight
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(
+                1, config.n_kv_heads, cache_slots, config.head_dim, dtype=weight.dtype, device=weight.device
+            )
+        self.length = 0
+
+    def _forward(self, tokens: list[int], slots: torch.Tensor, positions: torch.Tensor, fuzzy: bool):
+        device = self.target.tok_embeddings.weight.device
+        mask = torch.arange(int(slots.max()) + 1, device=device) <= slots[:, None]
+        cos, sin = self.target._rope(positions)
+        x = self.target.tok_embeddings(torch.tensor([tokens], device=device))
+        for group in self.groups if fuzzy else [[i] for i in range(self.exit_layer)]:
+            if len(group) == 1:
+                x = self.layers[group[0]](x, cos, sin, slots, mask)
+                continue
+            h = x
+            attended = [
+                self.layers[i].attention(self.layers[i].attention_norm(h), cos, sin, slots, mask)
+                for i in group
+            ]
+            for i, a in zip(group, attended, strict=True):
+                x = x + a
+                x = x + self.layers[i].feed_forward(self.layers[i].ffn_norm(x))
+        weight = (
+            self.target.tok_embeddings.weight if self.target.output is None else self.target.output.weight
+        )
+        return torch.nn.functional.linear(self.target.norm(x), weight).float()[0]
+
+    def draft_logits(self, state, tree, nodes):
+        committed = state.committed
+        device = self.target.tok_embeddings.weight.device
+        start = time.perf_counter()
+        if nodes == [0]:
+            # Bonus calibration: exact pass over the tokens with fuzzy (or no) draft K/V, plus the root.
+            tokens = state.tokens[self.length : committed + 1]
+            slots = torch.arange(self.length, committed + 1, device=device)
+            logits = self._forward(tokens, slots, slots, fuzzy=False)[-1:]
+            self.calibration_passes.append((len(tokens), time.perf_counter() - start))
+            self.length = committed + 1
+            return logits
+        if len(nodes) != 1 or tree.parents[nodes[0]] != nodes[0] - 1:
+            raise ValueError("the layer-parallel drafter drafts chains only")
+        node = nodes[0]
+        slots = torch.tensor([committed + node], device=device)
+        logits = self._forward([tree.tokens[node]], slots, slots, fuzzy=True)
+        self.draft_passes.append(time.perf_counter() - start)
+        return logits
+
+    def commit(self, state, tree, accepted_path) -> None:
+        pass  # accepted drafts keep fuzzy K/V until the next round's calibration pass rewrites them
+
+
+class EasySpec(Method):
+    name = "easyspec"
+    paper = "EasySpec, Wu et al., NeurIPS 2025, arXiv 2502.02493"
+
+    def __init__(
+        self, target, tokenizer=None, *, exit_layer=None, gamma: int = 3, group_size: int = 2, exact_layers=2
+    ):
+        super().__init__(target, tokenizer)
+        self.exit_layer = check_exit_layer(
+            target, default_exit_layer(target) if exit_layer is None else exit_layer
+        )
+        self.gamma = as_count(gamma, "gamma")
+        self.group_size = as_count(group_size, "group_size")
+        self.exact_layers = as_count(exact_layers, "exact_layers", minimum=0)
+
+    def options(self) -> dict:
+        return {
+            "exit_layer": self.exit_layer,
+            "gamma": self.gamma,
+            "group_size": self.group_size,
+            "exact_layers": self.exact_layers,
+        }
+
+    def make_drafter(self, fuzzy: bool = True):
+        return LayerParallelDrafter(
+            self.target,
+            self.exit_layer,
+            group_size=self.group_size,
+            exact_layers=self.exact_layers,
+            fuzzy=fuzzy,
+        )
+
+    def build(self, temperature: float = 0.0):
+        return ChainDecoder(
+            self.target, self.make_drafter(), gamma=self.gamma, sampling=self.sampling(temperature)
+        )
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        import theory
+
+        measured = {}
+        for fuzzy in (False, True):
+            drafter = self.make_drafter(fuzzy)
+            decoder = ChainDecoder(
+                self.target, drafter, gamma=self.gamma, sampling=self.sampling(temperature)
+            )
+            steps = []
+            for index, prompt in enumerate(calibration_prompts):
+                generator = torch.Generator().manual_seed(3000 + index)
+                steps += decoder.generate(prompt, max_new_tokens, generator=generator).steps
+            measured[fuzzy] = (acceptance_by_position(steps), drafter)
+        exact_pos, exact_drafter = measured[False]
+        fuzzy_pos, fuzzy_drafter = measured[True]
+        alpha = _conditional(exact_pos)
+        alpha_fuzzy = _conditional(fuzzy_pos)
+        first = alpha[0] if alpha else 0.0
+        drop = max(0.0, float(np.mean(alpha[1:]) - np.mean(alpha_fuzzy[1:]))) if len(alpha_fuzzy) > 1 else 0.0
+        drop = min(drop, first)
+        one_token = np.median(exact_drafter.draft_passes) if exact_drafter.draft_passes else np.nan
+        calibration = [t for n, t in fuzzy_drafter.calibration_passes if n > 1]
+        overhead = max(0.0, float(np.median(calibration) / one_token - 1)) if calibration else 0.0
+        predicted_tau = float(
+            theory.expected_tokens([first] + [max(first - drop, 0.0)] * (self.gamma - 1), self.gamma)
+        )
+        head = forward_time_ratio(self.target, 0)
+        full = 1.0
+        layer_time = max((full - head) / self.target.config.n_layers, 1e-6)
+        config = self.target.config
+        attention = (2 * config.dim * config.dim + 2 * config.dim * config.n_kv_heads * config.head_dim) / (
+            2 * config.dim * config.dim
+            + 2 * config.dim * config.n_kv_heads * config.head_dim
+            + 3 * config.dim * config.hidden_dim
+        )
+        devices = {}
+        for count in (1, 2, 4, 8):
+            result = theory.layer_parallel_speedup(
+                first,
+                drop,
+                self.gamma,
+                self.exit_layer,
+                count,
+                layer_time=layer_time,
+                target_time=full,
+                parallel_group=self.group_size,
+                parallel_fraction=attention,
+                sequential_layers=min(2 * self.exact_layers, self.exit_layer),
+                head_time=head,
+                calibration_overhead=overhead,
+            )
+            devices[count] = {"speedup": result.speedup, "sequential_speedup": result.sequential_speedup}
+        return Prediction(
+            predicted_tau,
+            {
+                "alpha_exact": first,
+                "alpha_exact_by_position": alpha,
+                "alpha_fuzzy_by_position": alpha_fuzzy,
+                "alpha_drop": drop,
+                "calibration_overhead": overhead,
+                "attention_fraction": attention,
+                "predicted_by_devices": devices,
+            },
+        )
+
+    def extra(self, decoder) -> dict:
+        drafter = decoder.drafter
+        return {
+            "calibration_tokens": float(np.mean([n for n, _ in drafter.calibration_passes]))
+            if drafter.calibration_passes
+            else 0.0
+        }
+
+
+def _conditional(by_position: list[float]) -> list[float]:
+    """Conditional acceptance per position from reach fractions: a_j = r_j / r_{j-1} (r_0 = 1)."""
+    out, previous = [], 1.0
+    for reach in by_position:
+        out.append(reach / previous if previous > 0 else 0.0)
+        previous = reach
+    return out

@@ -1,0 +1,211 @@
+"""Staged speculative decoding (Spector & Ré, ES-FoMo @ ICML 2023, arXiv 2308.04623).
+
+Two ideas: (a) the draft proposes a *tree* of continuations verified by the target in one pass (here the same
+static tree as Sequoia's optimal tree for the measured acceptance vector, so the single-stage comparison is the
+``sequoia`` method with the same tree); (b) the draft itself is sped up by a second speculative stage: a much
+cheaper *draft²* (the paper: a Katz-backoff trigram model fit on the draft's outputs) proposes the draft's own
+tokens and the draft verifies them in one pass.
+
+:class:`StagedDrafter` wraps the early-exit drafter. At the root of each step draft² proposes a chain
+``g_1..g_k`` (prompt lookup in the context first, then a trigram/bigram table fit on calibration text); the
+drafter scores ``[root, g_1..g_k]`` in one pass (cache slots past the outer tree, RoPE positions by depth).
+Its logits after ``g_1..g_d`` are the drafter's exact distribution for *any* outer node whose path is
+``g_1..g_d``, so when the outer tree reaches such a node its draft pass is skipped (its K/V is copied from the
+scratch slot into the node's slot, where descendants expect it). Every draft distribution is the drafter's
+exact one, so the outer verification is unchanged and the method is lossless; what changes is the number of
+sequential draft passes (reported as ``draft_passes`` against ``draft_levels``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import numpy as np
+import torch
+
+from executor.decoders import TreeDecoder
+from executor.decoders.base import run_tree
+from executor.drafters import PromptLookupDrafter
+from executor.methods.dyspec import Sequoia
+from theory.checks import as_count
+
+__all__ = ["Draft2", "Staged", "StagedDrafter", "StagedTreeDecoder"]
+
+
+class Draft2:
+    """The second-stage draft: prompt lookup, then a most-frequent-continuation trigram/bigram table."""
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.lookup = PromptLookupDrafter(max_ngram=max_ngram)
+        self.trigram: dict = {}
+        self.bigram: dict = {}
+
+    def fit(self, sequences) -> Draft2:
+        tri, bi = defaultdict(Counter), defaultdict(Counter)
+        for seq in sequences:
+            for a, b, c in zip(seq, seq[1:], seq[2:], strict=False):
+                tri[(a, b)][c] += 1
+            for a, b in zip(seq, seq[1:], strict=False):
+                bi[a][b] += 1
+        self.trigram = {k: v.most_common(1)[0][0] for k, v in tri.items()}
+        self.bigram = {k: v.most_common(1)[0][0] for k, v in bi.items()}
+        return self
+
+    def propose(self, context: list[int], length: int) -> list[int]:
+        proposal = self.lookup.propose(context)[:length]
+        if proposal:
+            return proposal
+        tokens = list(context)
+        while len(proposal) < length:
+            nxt = self.trigram.get(tuple(tokens[-2:])) if len(tokens) >= 2 else None
+            if nxt is None:
+                nxt = self.bigram.get(tokens[-1])
+            if nxt is None:
+                break
+            proposal.append(nxt)
+            tokens.append(nxt)
+        return proposal
+
+
+class StagedDrafter:
+    """Early-exit drafter accelerated by draft² (see the module docstring)."""
+
+    deterministic = False
+
+    def __init__(
+        self, target, exit_layer: int, draft2: Draft2, *, scratch_offset: int, inner_length: int = 4
+    ):
+        self.model = target
+        self.exit_layer = exit_layer
+        self.draft2 = draft2
+        self.scratch_offset = scratch_offset
+        self.inner_length = inner_length
+        self.name = f"staged:{exit_layer}"
+        self._cache: dict[tuple, int] = {}
+        self._logits: torch.Tensor | None = None
+        self.draft_passes = 0
+        self.draft_levels = 0
+        self.inner_accepted: list[int] = []
+
+    def check_target(self, target) -> None:
+        if target is not self.model:
+            raise ValueError("a StagedDrafter must be built on the target it drafts for")
+
+    def start(self, prompt, cache_slots) -> None:
+        pass
+
+    def _inner(self, state) -> torch.Tensor:
+        committed = state.committed
+        device = self.model.tok_embeddings.weight.device
+        proposal = self.draft2.propose(state.tokens, self.inner_length)
+        k = len(proposal)
+        scratch = committed + self.scratch_offset
+        slots = torch.tensor([committed] + [scratch + i for i in range(1, k + 1)], device=device)
+        positions = torch.arange(committed, committed + k + 1, device=device)
+        mask = torch.zeros(k + 1, scratch + k + 1, dtype=torch.bool, device=device)
+        mask[:, : committed + 1] = True
+        for i in range(1, k + 1):
+            mask[i:, scratch + i] = True
+        tokens = torch.tensor([[state.tokens[-1], *proposal]], device=device)
+        logits = self.model(
+            tokens, slots, positions=positions, attention_mask=mask, exit_layer=self.exit_layer
+        )[0]
+        self._logits = logits
+        self._cache = {tuple(proposal[:d]): d for d in range(k + 1)}
+        greedy = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < k and greedy[accepted] == proposal[accepted]:
+            accepted += 1
+        self.inner_accepted.append(accepted)
+        return logits[:1]
+
+    def draft_logits(self, state, tree, nodes):
+        self.draft_levels += 1
+        if nodes == [0]:
+            self.draft_passes += 1
+            return self._inner(state)
+        committed = state.committed
+        rows: dict[int, torch.Tensor] = {}
+        missing = []
+        sources, destinations = [], []
+        for node in nodes:
+            path = tuple(tree.tokens[v] for v in tree.path(node)[1:])
+            depth = self._cache.get(path)
+            if depth is None:
+                missing.append(node)
+                continue
+            rows[node] = self._logits[depth]
+            sources.append(committed + self.scratch_offset + depth)
+            destinations.append(committed + node)
+        if sources:
+            device = self.model.tok_embeddings.weight.device
+            self.model.copy_cache_slots(
+                torch.tensor(sources, device=device), torch.tensor(destinations, device=device)
+            )
+        if missing:
+            self.draft_passes += 1
+            computed = run_tree(self.model, tree, missing, committed, exit_layer=self.exit_layer)
+            rows.update(zip(missing, computed, strict=True))
+        return torch.stack([rows[node] for node in nodes])
+
+    def commit(self, state, tree, accepted_path) -> None:
+        pass
+
+
+class StagedTreeDecoder(TreeDecoder):
+    """A static-tree decoder whose cache also holds draft²'s scratch chain past the tree."""
+
+    name = "staged"
+
+    def __init__(self, target, drafter: StagedDrafter, *, tree, **kwargs):
+        super().__init__(target, drafter, tree=tree, **kwargs)
+
+    @property
+    def max_tree_size(self) -> int:
+        return self.drafter.scratch_offset + self.drafter.inner_length + 1
+
+
+class Staged(Sequoia):
+    """Staged speculative decoding on Sequoia's optimal tree (the ``sequoia`` method is its single stage)."""
+
+    name = "staged"
+    paper = "Staged speculative decoding, Spector & Ré, arXiv 2308.04623"
+
+    def __init__(self, target, tokenizer=None, *, inner_length: int = 4, **options) -> None:
+        super().__init__(target, tokenizer, **options)
+        self.inner_length = as_count(inner_length, "inner_length")
+        self.draft2 = Draft2()
+
+    def options(self) -> dict:
+        return {**super().options(), "inner_length": self.inner_length}
+
+    def build(self, temperature: float = 0.0):
+        if self.tree is None:
+            self.plan()
+        drafter = StagedDrafter(
+            self.target,
+            self.exit_layer,
+            self.draft2,
+            scratch_offset=self.tree.tree.size,
+            inner_length=self.inner_length,
+        )
+        return StagedTreeDecoder(
+            self.target, drafter, tree=self.tree.tree, sampling=self.sampling(temperature)
+        )
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        from executor.methods.calibration import continuation
+
+        texts = [p + continuation(self.target, p, max_new_tokens, 0.0, seed=0) for p in calibration_prompts]
+        self.draft2.fit(texts)
+        prediction = super().predict(calibration_prompts, temperature, max_new_tokens)
+        prediction.details["model"] = "optimal_tree (outer tree; draft² changes draft passes, not tokens)"
+        return prediction
+
+    def extra(self, decoder) -> dict:
+        drafter = decoder.drafter
+        return {
+            "draft_passes": drafter.draft_passes,
+            "draft_levels": drafter.draft_levels,
+            "inner_accepted_mean": float(np.mean(drafter.inner_accepted)) if drafter.inner_accepted else 0.0,
+        }
