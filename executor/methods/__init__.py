@@ -26,6 +26,7 @@ option so trained drafters plug in without changing the method.
 from __future__ import annotations
 
 from executor.methods.base import LayerCounter, Method, MethodResult, Prediction
+from executor.methods.code_completion import CodeCompletion
 from executor.methods.del_exit import DEL
 from executor.methods.dyspec import DySpec, DySpecDecoder, Sequoia
 from executor.methods.easyspec import EasySpec
@@ -38,6 +39,7 @@ __all__ = [
     "Method",
     "MethodResult",
     "Prediction",
+    "CodeCompletion",
     "DEL",
     "DySpec",
     "Kangaroo",
@@ -76,5 +78,5 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-for _cls in (DySpec, Sequoia, Staged, EasySpec, DEL, Kangaroo, KangarooFixed, SpecDecPP):
+for _cls in (DySpec, Sequoia, Staged, EasySpec, DEL, Kangaroo, KangarooFixed, SpecDecPP, CodeCompletion):
     register(_cls)

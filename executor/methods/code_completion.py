@@ -1,0 +1,215 @@
+"""Dynamic inference for code completion (Sun et al., "When Neural Code Completion Models Size up the
+Situation: Attaining Cheaper and Faster Completion through Dynamic Model Inference", ICSE 2024).
+
+**Study.** For each layer ``l``, the fraction of code tokens whose early-exit prediction (final norm and LM
+head on layer ``l``'s hidden state) already equals the full model's (the paper: 54.4% at GPT-2's first layer),
+on greedy continuations of HumanEval prompts; and, teacher-forced on HumanEval's canonical solutions, how
+often the full model's next-token prediction is wrong (the paper: 14.5%) and how accurate each exit is.
+
+**Method.** Per token, the layers run in order; at each candidate exit layer a *learned decision* (a
+logistic rule on the exit's top-1 probability, fit in milliseconds on calibration prompts: label = the exit's
+prediction equals the full model's) stops the forward pass when the predicted agreement reaches
+``exit_threshold``; the skipped layers' K/V for that token are written from the exit hidden state (state
+propagation, as CALM, Schuster et al., NeurIPS 2022), so later tokens can attend at every layer. The *stop
+rule* ends the completion when a second logistic rule, on the emitted token's confidence and fit on
+teacher-forced canonical solutions (label = the full model's prediction is wrong), predicts a wrong token with
+probability above ``stop_threshold``. Not lossless: the runner reports layers skipped, speedup, and
+exact match and ROUGE-L against plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from executor.methods._common import calibration_profile
+from executor.methods.base import Method, MethodResult, Prediction
+from executor.methods.calibration import default_exit_head
+from theory.checks import as_probabilities
+
+__all__ = ["CodeCompletion", "LogisticRule", "rouge_l"]
+
+
+def rouge_l(candidate: list[int], reference: list[int]) -> float:
+    """ROUGE-L F1 of two token sequences (longest common subsequence; Lin, 2004)."""
+    if not candidate or not reference:
+        return float(candidate == reference)
+    previous = [0] * (len(reference) + 1)
+    for a in candidate:
+        current = [0]
+        for j, b in enumerate(reference):
+            current.append(previous[j] + 1 if a == b else max(previous[j + 1], current[j]))
+        previous = current
+    lcs = previous[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(candidate), lcs / len(reference)
+    return 2 * precision * recall / (precision + recall)
+
+
+class LogisticRule:
+    """:math:`P(y = 1 \\mid c) = \\sigma(w_0 + w_1 c)`, fit by Newton's method (with a small ridge)."""
+
+    def __init__(self) -> None:
+        self.weights = np.zeros(2)
+
+    def fit(self, feature, label, ridge: float = 1e-3, steps: int = 25) -> LogisticRule:
+        x = np.stack([np.ones(len(feature)), np.asarray(feature, dtype=np.float64)], axis=1)
+        y = np.asarray(label, dtype=np.float64)
+        w = np.zeros(2)
+        for _ in range(steps):
+            p = 1 / (1 + np.exp(-x @ w))
+            gradient = x.T @ (p - y) + ridge * w
+            hessian = (x * (p * (1 - p))[:, None]).T @ x + ridge * np.eye(2)
+            w -= np.linalg.solve(hessian, gradient)
+        self.weights = w
+        return self
+
+    def __call__(self, feature: float) -> float:
+        return float(1 / (1 + np.exp(-(self.weights[0] + self.weights[1] * feature))))
+
+
+class CodeCompletion(Method):
+    name = "code-completion"
+    lossless = False
+    paper = "Dynamic inference for code completion, Sun et al., ICSE 2024"
+
+    def __init__(
+        self,
+        target,
+        tokenizer=None,
+        *,
+        exit_layers=None,
+        exit_threshold: float = 0.9,
+        stop_threshold: float = 0.95,
+        head=None,
+    ):
+        super().__init__(target, tokenizer)
+        n = target.config.n_layers
+        if exit_layers is None:
+            exit_layers = sorted({max(1, n - k) for k in (2, 4, 6)})
+        self.exit_layers = [int(layer) for layer in exit_layers]
+        for layer in self.exit_layers:
+            if not 1 <= layer < n:
+                raise ValueError(f"exit_layers must lie in [1, {n}), got {layer}")
+        self.exit_threshold = float(as_probabilities(exit_threshold, "exit_threshold"))
+        self.stop_threshold = float(as_probabilities(stop_threshold, "stop_threshold"))
+        self.head = head if head is not None else default_exit_head(target)
+        self.exit_rules: dict[int, LogisticRule] = {}
+        self.stop_rule: LogisticRule | None = None
+        self.references: list[list[int]] | None = None
+
+    def options(self) -> dict:
+        return {
+            "exit_layers": self.exit_layers,
+            "exit_threshold": self.exit_threshold,
+            "stop_threshold": self.stop_threshold,
+        }
+
+    def build(self, temperature: float = 0.0):
+        raise ValueError("code-completion is not a speculative decoder; use run()")
+
+    # ---------------------------------------------------------------------------------------- calibration
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        n = self.target.config.n_layers
+        study_layers = list(range(1, n))
+        profile, _ = calibration_profile(self.target, calibration_prompts, study_layers, 0.0, max_new_tokens)
+        start = time.perf_counter()
+        for layer in self.exit_layers:
+            row = profile.row(layer)
+            self.exit_rules[layer] = LogisticRule().fit(profile.confidence[row], profile.match[row])
+        details = {"agreement_with_final_by_layer": profile.match.mean(axis=1).tolist()}
+        if self.references:
+            wrong, confidence = [], []
+            for prompt, reference in zip(calibration_prompts, self.references, strict=False):
+                tokens = prompt + reference
+                truth = np.array(reference)
+                final_pred = self._teacher_forced(tokens, len(prompt))
+                wrong.append(final_pred[0] != truth)
+                confidence.append(final_pred[1])
+            wrong_all = np.concatenate(wrong)
+            self.stop_rule = LogisticRule().fit(np.concatenate(confidence), wrong_all.astype(float))
+            details["full_model_wrong_rate"] = float(wrong_all.mean())
+        train = time.perf_counter() - start
+        return Prediction(None, details, train_seconds=train)
+
+    def _teacher_forced(self, tokens, start):
+        with torch.no_grad():
+            self.target.setup_cache(len(tokens))
+            logits = self.target(torch.tensor([tokens]), torch.arange(len(tokens)))[0, start - 1 : -1]
+        probs = logits.softmax(-1)
+        return logits.argmax(-1).numpy(), probs.max(-1).values.double().numpy()
+
+    # ------------------------------------------------------------------------------------------- decoding
+    def _propagate(self, hidden, layer_from: int, slot: torch.Tensor, cos, sin) -> None:
+        """Write the K/V of layers ``layer_from..L-1`` for one token from the exit hidden state."""
+        from executor.model import rotate_half
+
+        for layer in self.target.layers[layer_from:]:
+            attention = layer.attention
+            x = layer.attention_norm(hidden)
+            k = attention.wk(x).view(1, 1, attention.n_kv_heads, attention.head_dim).transpose(1, 2)
+            v = attention.wv(x).view(1, 1, attention.n_kv_heads, attention.head_dim).transpose(1, 2)
+            k = k * cos + rotate_half(k) * sin
+            attention.kv_cache.write(slot, k, v)
+
+    def _token(self, token: int, position: int, temperature: float, generator):
+        model = self.target
+        device = model.tok_embeddings.weight.device
+        slot = torch.tensor([position], device=device)
+        cos, sin = model._rope(slot)
+        mask = torch.ones(1, position + 1, dtype=torch.bool, device=device)
+        x = model.tok_embeddings(torch.tensor([[token]], device=device))
+        n = model.config.n_layers
+        for index, layer in enumerate(model.layers, start=1):
+            x = layer(x, cos, sin, slot, mask)
+            if index in self.exit_rules and index < n:
+                logits = self.head(index, x[0, -1])
+                confidence = float(logits.softmax(-1).max())
+                if self.exit_rules[index](confidence) >= self.exit_threshold:
+                    self._propagate(x, index, slot, cos, sin)
+                    return logits, index, confidence
+        logits = self.head(n, x[0, -1])
+        return logits, n, float(logits.softmax(-1).max())
+
+    def run(self, prompt_ids, *, temperature=0.0, max_new_tokens=64, generator=None, eos_id=None):
+        from executor.decoders import Sampling
+
+        sampling = Sampling(temperature=temperature)
+        prompt = list(prompt_ids)
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        model = self.target
+        start = time.perf_counter()
+        layers, tokens, stopped = [], [], False
+        with torch.no_grad():
+            model.setup_cache(len(prompt) + max_new_tokens + 1)
+            if len(prompt) > 1:
+                model(torch.tensor([prompt[:-1]]), torch.arange(len(prompt) - 1))
+            last = prompt[-1]
+            for step in range(max_new_tokens):
+                logits, used, confidence = self._token(last, len(prompt) - 1 + step, temperature, generator)
+                last = sampling.draw(sampling.probs(logits), generator)
+                tokens.append(last)
+                layers.append(used)
+                if eos_id is not None and last == eos_id:
+                    break
+                if self.stop_rule is not None and self.stop_rule(confidence) > self.stop_threshold:
+                    stopped = True
+                    break
+        wall = time.perf_counter() - start
+        n = model.config.n_layers
+        return MethodResult(
+            token_ids=tokens,
+            steps=len(tokens),
+            acceptance_by_position=[],
+            layer_evaluations=int(sum(layers)),
+            wall_time=wall,
+            extra={
+                "layers_skipped_mean": float(n - np.mean(layers)) if layers else 0.0,
+                "exit_layers": np.bincount(layers, minlength=n + 1).tolist(),
+                "stopped_early": stopped,
+            },
+        )
