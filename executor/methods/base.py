@@ -33,21 +33,30 @@ def check_temperature(temperature) -> float:
 
 
 class LayerCounter:
-    """Counts the token positions processed by each decoder layer of ``model`` while active (a context).
+    """Counts the work of ``model``'s decoder layers and LM head while active (a context manager).
 
-    ``total`` is the sum over layers of the positions they processed: layer-token evaluations.
+    ``total`` is the sum over layers of the token positions they processed (layer-token evaluations, the
+    compute); ``passes`` the number of layer calls and ``heads`` the number of final-norm (LM head) calls,
+    whatever their width (the weight loads, what a memory-bound device pays).
     """
 
     def __init__(self, model) -> None:
         self.model = model
         self.total = 0
+        self.passes = 0
+        self.heads = 0
         self._handles: list = []
 
     def _hook(self, module, args) -> None:
         self.total += int(args[0].shape[1])
+        self.passes += 1
+
+    def _head(self, module, args) -> None:
+        self.heads += 1
 
     def __enter__(self) -> LayerCounter:
         self._handles = [layer.register_forward_pre_hook(self._hook) for layer in self.model.layers]
+        self._handles.append(self.model.norm.register_forward_pre_hook(self._head))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,6 +109,15 @@ class Prediction:
     predicted_tau: float | None
     details: dict = field(default_factory=dict)
     train_seconds: float | None = None
+
+
+def head_layer_equivalents(config) -> float:
+    """The LM head's multiply-accumulates in units of one decoder layer's (about 8 for SmolLM2-135M)."""
+    layer = (
+        config.dim * (2 * config.dim + 2 * config.n_kv_heads * config.head_dim)
+        + 3 * config.dim * config.hidden_dim
+    )
+    return config.vocab_size * config.dim / layer
 
 
 def acceptance_by_position(steps) -> list[float]:
@@ -160,7 +178,12 @@ class Method(ABC):
             acceptance_by_position=acceptance_by_position(result.steps),
             layer_evaluations=counter.total,
             wall_time=wall,
-            extra=self.extra(decoder),
+            extra={
+                **self.extra(decoder),
+                "layer_passes": counter.passes,
+                "head_passes": counter.heads,
+                "verified_positions": sum(len(s.tokens) for s in result.steps),
+            },
         )
 
     def extra(self, decoder) -> dict:

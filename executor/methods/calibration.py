@@ -74,15 +74,27 @@ class ExitProfile:
         )
 
 
+_CONTINUATIONS: dict = {}
+
+
 def continuation(
     model, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int
 ) -> list[int]:
-    """Plain decoding's continuation (greedy at temperature 0, sampled otherwise) used as calibration text."""
+    """Plain decoding's continuation (greedy at temperature 0, sampled otherwise) used as calibration text.
+
+    Memoised per (model, prompt, length, temperature, seed): several methods calibrate on the same text.
+    """
     from executor.decoders import AutoregressiveDecoder, Sampling
+
+    key = (id(model), tuple(prompt_ids), max_new_tokens, float(temperature), seed)
+    if key in _CONTINUATIONS:
+        return list(_CONTINUATIONS[key])
 
     decoder = AutoregressiveDecoder(model, sampling=Sampling(temperature=temperature))
     generator = torch.Generator(device=model.tok_embeddings.weight.device).manual_seed(seed)
-    return decoder.generate(prompt_ids, max_new_tokens, generator=generator).token_ids
+    tokens = decoder.generate(prompt_ids, max_new_tokens, generator=generator).token_ids
+    _CONTINUATIONS[key] = list(tokens)
+    return tokens
 
 
 def exit_profile(

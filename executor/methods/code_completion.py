@@ -184,7 +184,9 @@ class CodeCompletion(Method):
         model = self.target
         start = time.perf_counter()
         layers, tokens, stopped = [], [], False
-        with torch.no_grad():
+        from executor.methods.base import LayerCounter
+
+        with torch.no_grad(), LayerCounter(model) as counter:
             model.setup_cache(len(prompt) + max_new_tokens + 1)
             if len(prompt) > 1:
                 model(torch.tensor([prompt[:-1]]), torch.arange(len(prompt) - 1))
@@ -211,5 +213,7 @@ class CodeCompletion(Method):
                 "layers_skipped_mean": float(n - np.mean(layers)) if layers else 0.0,
                 "exit_layers": np.bincount(layers, minlength=n + 1).tolist(),
                 "stopped_early": stopped,
+                "layer_passes": counter.passes,
+                "head_passes": counter.heads,
             },
         )
