@@ -21,6 +21,7 @@ COMMANDS = {
     "profile": "profile",
     "train-drafter": "train_drafter",
     "bench": "bench",
+    "methods": "methods",
 }
 
 

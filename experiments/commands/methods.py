@@ -1,0 +1,66 @@
+"""``specbound methods``: every seed method on held-out prompts (see :mod:`experiments.methods_run`)."""
+
+from __future__ import annotations
+
+HELP = "run the seed papers' methods side by side with plain decoding and the theory's predictions"
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="1 calibration + 2 held-out prompts, 16 tokens")
+    parser.add_argument("--only", default=None, help="comma-separated method names (default: all)")
+    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument("--model", default=None, help="a .gguf file or Hugging Face llama directory")
+    parser.add_argument("--calibration", type=int, default=None, help="calibration prompts (default 3)")
+    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 48)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="run directory (resumed if it exists)")
+    parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
+
+
+def parse_methods(only: str | None) -> tuple[str, ...]:
+    import executor.methods as methods
+
+    if only is None:
+        return tuple(methods.names())
+    wanted = [name.strip() for name in only.split(",") if name.strip()]
+    if not wanted:
+        raise ValueError("--only needs at least one method name")
+    for name in wanted:
+        methods.get(name)  # ValueError naming the known methods
+    return tuple(dict.fromkeys(wanted))
+
+
+def config_from_args(args):
+    from experiments.methods_run import QUICK, MethodsConfig
+
+    if args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    sizes = dict(QUICK) if args.quick else {"calibration": 3, "prompts": 6, "max_new_tokens": 48}
+    for name in ("calibration", "prompts", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+            sizes[name] = value
+    return MethodsConfig(
+        methods=parse_methods(args.only), model=args.model, dtype=args.dtype, seed=args.seed, **sizes
+    )
+
+
+def run(args) -> int:
+    import os
+
+    from experiments.commands import set_torch_threads
+    from experiments.methods_report import render_markdown
+    from experiments.methods_run import run_methods
+
+    config = config_from_args(args)
+    set_torch_threads(args.threads)
+    report = run_methods(config, args.out, restart=args.restart)
+    print(render_markdown(report))
+    print(f"report written to {os.path.join(args.out, 'methods.md')} (+ methods.json, methods.png)")
+    return 0
