@@ -1,18 +1,21 @@
 """DySpec's dynamic token tree against Sequoia's static optimal tree of the same node budget.
 
 **DySpec** (Xiong et al., arXiv 2410.11744, Alg. 1): the tree of at most ``budget`` nodes is grown greedily
-by the estimated probability that a node is reached and accepted, its path probability
-:math:`v(u) = \\prod_{a \\in \\mathrm{path}(u)} q(a)` (the draft's probabilities as acceptance proxies);
-the paper's heap pops the largest-value site until the budget is spent, and its optimality theorem (App. D.1)
-says the result is the maximum-weight root-connected subtree. The executor's
+from a heap of *sampling sites*, keyed by the estimated probability that the site is reached: the first-child
+site of node ``u`` has key :math:`v(u) = \\prod_{a \\in \\mathrm{path}(u)} q(a)` (the node's path
+probability, the draft's probabilities standing for acceptance), the ``k``-th sibling site
+:math:`v(u)\\,(1 - \\sum_{j<k} q_j)` (all earlier siblings rejected); popping a site adds its sample, with
+value :math:`v(u)\\,q_k`. (The appendix's optimality theorem is stated for node weights; Alg. 1, which
+:func:`theory.dynamic_tree` implements, orders by the site keys, and so does this decoder.) The executor's
 :class:`executor.decoders.DynamicTree` is *not* this rule: it keeps the ``branching`` best candidates of each
 *level* (EAGLE-2's per-level beam), so a deep likely chain and a wide shallow fan are traded differently.
 :class:`DySpecDecoder` implements the paper's global rule with one draft call per level (its Alg. 2 with the
-threshold that reproduces Alg. 1): all children of every expanded node are candidates with value
-:math:`v(\\text{parent}) \\cdot \\tilde q^{(j)}` (``j``-th largest draft probability); after each level the
-``budget - 1`` best known candidates are the tentative tree; a node is expanded only if its own value beats
-the weakest tentative candidate (otherwise none of its descendants can enter, values only shrink along
-paths). The final tree is the ``budget - 1`` best candidates, exactly Alg. 1's tree for the ranked values.
+threshold that reproduces Alg. 1): all sampling sites of every expanded node are candidates, keyed as above
+with the ranked draft probabilities :math:`\\tilde q^{(j)}`; after each level the ``budget - 1`` best known
+candidates are the tentative tree; a node is expanded only if its value (its first-child key) beats the
+weakest tentative candidate (otherwise none of its descendants can enter: keys only shrink along paths). The
+final tree is the ``budget - 1`` best candidates, exactly Alg. 1's tree (tested against
+:func:`theory.dynamic_tree`).
 
 At temperature 0 the children are the draft's top tokens and the walk follows the target's argmax. At
 temperature > 0 the children of a node are drawn without replacement (``rrs_wor``) and a node keeps its first
@@ -95,8 +98,10 @@ class DySpecDecoder(TreeDecoder):
             ranked = {}
             for node, row in zip(frontier, logits, strict=True):
                 ranked[node] = self._ranked(row)
+                reached = 1.0  # probability that the rank-th sampling site of node is reached
                 for rank, q in enumerate(ranked[node]):
-                    candidates.append((value[node] * q, order, node, rank))
+                    candidates.append((value[node] * reached, order, node, rank))
+                    reached -= q
                     order += 1
             candidates.sort(key=lambda c: (-c[0], c[1]))
             chosen = candidates[:room]

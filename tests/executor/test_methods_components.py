@@ -1,0 +1,188 @@
+"""executor.methods components against exact oracles: DySpec's tree against theory.dynamic_tree (the paper's
+Alg. 1), layer groups and fuzzy drafting, draft², the calibration helpers, DEL's policy, the code-completion
+rules and ROUGE-L."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import theory
+from executor.decoders import AutoregressiveDecoder, DecodingState, DraftTree
+from executor.drafters import EarlyExitDrafter
+from executor.methods.calibration import exit_profile, positional_acceptance, run_lengths
+from executor.methods.code_completion import CodeCompletion, LogisticRule, rouge_l
+from executor.methods.confidence import ConfidenceCalibration
+from executor.methods.del_exit import DELPolicy, SwitchableExitDrafter
+from executor.methods.dyspec import DySpecDecoder
+from executor.methods.easyspec import LayerParallelDrafter, layer_groups
+from executor.methods.staged import Draft2, Staged
+from tests.executor.test_methods import spread_model
+
+PROMPT = [1, 2, 3, 1, 2]
+
+
+def token_paths(parents, tokens) -> set[tuple[int, ...]]:
+    paths = {0: ()}
+    for node in range(1, len(parents)):
+        paths[node] = paths[parents[node]] + (int(tokens[node]),)
+    return set(paths.values())
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+@pytest.mark.parametrize("budget", [4, 7])
+def test_dyspec_tree_is_the_papers_global_greedy_tree(tiny_model, seed, budget):
+    """At temperature 0 the decoder's tree equals theory.dynamic_tree (DySpec Alg. 1, heap over sites)."""
+    model = spread_model(tiny_model, seed)
+    head = model.tok_embeddings.weight
+
+    def draft(path):
+        tokens = PROMPT + list(path)
+        model.setup_cache(len(tokens))
+        logits = model(torch.tensor([tokens]), torch.arange(len(tokens)), exit_layer=1)[0, -1]
+        return logits.double().softmax(-1).numpy()
+
+    expected = theory.dynamic_tree(draft, budget, max_depth=3)
+    decoder = DySpecDecoder(model, EarlyExitDrafter(model, 1), budget=budget, max_depth=3, max_width=8)
+    model.setup_cache(32)
+    model(torch.tensor([PROMPT[:-1]]), torch.arange(len(PROMPT) - 1))
+    tree = decoder.draft(DecodingState(list(PROMPT), len(PROMPT)), torch.Generator())
+    assert len(tree) == budget and head is model.tok_embeddings.weight
+    assert token_paths(tree.parents, tree.tokens) == token_paths(
+        list(expected.tree.parents), [0, *expected.tokens[1:]]
+    )
+
+
+def test_layer_groups_keep_the_ends_exact_and_pair_the_middle():
+    assert layer_groups(8, 2, 2) == [[0], [1], [2, 3], [4, 5], [6], [7]]
+    assert layer_groups(5, 2, 0) == [[0, 1], [2, 3], [4]]
+    assert layer_groups(3, 4, 2) == [[0], [1], [2]]
+    groups = layer_groups(26, 3, 4)
+    assert sum(groups, []) == list(range(26)) and max(map(len, groups)) == 3
+
+
+def fuzzy_chain_logits(model, group_size: int) -> torch.Tensor:
+    drafter = LayerParallelDrafter(model, 3, group_size=group_size, exact_layers=0)
+    drafter.start(PROMPT, 32)
+    model.setup_cache(32)
+    state = DecodingState(list(PROMPT), len(PROMPT))
+    tree = DraftTree(PROMPT[-1])
+    rows = [drafter.draft_logits(state, tree, [0])[0]]
+    for token in (4, 5):
+        node = tree.add_child(len(tree) - 1, token)
+        rows.append(drafter.draft_logits(state, tree, [node])[0])
+    return torch.stack(rows)
+
+
+def test_groups_of_one_layer_draft_exactly_and_larger_groups_do_not(tiny_model):
+    model = spread_model(tiny_model)
+    tokens = PROMPT + [4, 5]
+    model.setup_cache(32)
+    exact = model(torch.tensor([tokens]), torch.arange(len(tokens)), exit_layer=3)[0, len(PROMPT) - 1 :]
+    torch.testing.assert_close(fuzzy_chain_logits(model, 1), exact, rtol=1e-4, atol=1e-4)
+    fuzzy = fuzzy_chain_logits(model, 2)
+    torch.testing.assert_close(fuzzy[0], exact[0], rtol=1e-4, atol=1e-4)  # the calibration pass is exact
+    assert not torch.allclose(fuzzy[1:], exact[1:], atol=1e-3)
+
+
+def test_draft2_proposes_by_prompt_lookup_then_by_its_trigram_table():
+    draft2 = Draft2().fit([[5, 6, 7, 5, 6, 9, 5, 6, 7]])
+    assert draft2.propose([1, 2, 3, 1, 2], 2) == [3, 1]  # prompt lookup
+    assert draft2.propose([0, 5, 6], 3) == [7, 5, 6]  # trigram (5, 6) -> 7, (6, 7) -> 5, (7, 5) -> 6
+    assert draft2.propose([4], 3) == []  # nothing known
+
+
+def test_staged_drafting_saves_draft_passes_on_repetitive_text(tiny_model):
+    model = spread_model(tiny_model)
+    method = Staged(model, exit_layer=1, budget=5, max_depth=3, width=2, inner_length=3)
+    decoder = method.build(0.0)
+    prompt = [1, 2, 3, 4] * 4
+    result = decoder.generate(prompt, 12)
+    assert result.token_ids == AutoregressiveDecoder(model).generate(prompt, 12).token_ids
+    assert decoder.drafter.draft_passes < decoder.drafter.draft_levels
+
+
+def test_run_lengths_and_positional_acceptance_on_a_hand_example():
+    runs = run_lengths(np.array([1, 1, 0, 1, 1, 1, 0]))
+    assert runs.tolist() == [2, 1, 0, 3, 2, 1, 0]
+    # P(run >= 1) = 5/7; P(run >= 2 | >= 1) = 3/5; P(run >= 3 | >= 2) = 1/3.
+    np.testing.assert_allclose(positional_acceptance(runs, 3), [5 / 7, 3 / 5, 1 / 3])
+
+
+def test_exit_profile_reads_each_exit_from_the_same_pass_as_a_truncated_forward(tiny_model):
+    model = spread_model(tiny_model)
+    tokens = PROMPT + [4, 5, 6]
+    profile = exit_profile(model, tokens, len(PROMPT), [1, 2, 3])
+    model.setup_cache(len(tokens))
+    final = model(torch.tensor([tokens]), torch.arange(len(tokens)))[0, len(PROMPT) - 1 : -1].argmax(-1)
+    for layer in (1, 2, 3):
+        model.setup_cache(len(tokens))
+        logits = model(torch.tensor([tokens]), torch.arange(len(tokens)), exit_layer=layer)[0]
+        exit_logits = logits[len(PROMPT) - 1 : -1]
+        row = profile.row(layer)
+        assert profile.match[row].tolist() == (exit_logits.argmax(-1) == final).double().tolist()
+        np.testing.assert_allclose(profile.confidence[row], exit_logits.softmax(-1).max(-1).values, rtol=1e-5)
+
+
+def test_confidence_calibration_maps_each_bucket_to_its_acceptance():
+    confidence = np.array([0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9])
+    accept = np.array([0, 0, 0, 1, 1, 1, 1, 1], dtype=float)
+    calibration = ConfidenceCalibration(buckets=2).fit(confidence, accept)
+    assert calibration.predict_confidence(0.15) == pytest.approx(0.25)
+    assert calibration.predict_confidence(0.95) == pytest.approx(1.0)
+    model = calibration.model(4)
+    assert model.law(1).mean_acceptance == pytest.approx(accept.mean())
+
+
+def test_del_policy_chooses_what_theory_chooses_and_learns_online(tiny_model):
+    model = spread_model(tiny_model)
+    drafter = SwitchableExitDrafter(model, 1)
+    prior = {1: 0.2, 2: 0.5, 3: 0.9}
+    policy = DELPolicy(drafter, 4, [1, 2, 3], prior, prior_weight=10.0, max_gamma=6)
+    choice = theory.del_exit_choice(prior, 4, max_gamma=6)
+    assert (drafter.exit_layer, policy.gamma) == (choice.exit_layer, choice.gamma)
+    for _ in range(30):  # layer 1 turns out to agree always, layer 3 never
+        policy.update(
+            {1: np.ones(3), 2: np.array([1.0, 0.0, 1.0]), 3: np.zeros(3)},
+            {1: np.full(3, 0.9), 2: np.array([0.8, 0.2, 0.8]), 3: np.full(3, 0.2)},
+        )
+    assert policy.alpha(1) > 0.95 and policy.alpha(3) < 0.05
+    assert drafter.exit_layer == 1
+    assert policy.threshold(2) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "reference", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3], 1.0),
+        ([1, 2], [3, 4], 0.0),
+        ([1, 2, 3], [1, 3], 0.8),
+        ([], [], 1.0),
+        ([], [1], 0.0),
+    ],
+)
+def test_rouge_l_on_hand_examples(candidate, reference, expected):
+    assert rouge_l(candidate, reference) == pytest.approx(expected)
+
+
+def test_logistic_rule_fits_a_threshold_in_confidence():
+    rng = np.random.default_rng(0)
+    confidence = rng.uniform(size=400)
+    rule = LogisticRule().fit(confidence, (confidence > 0.6).astype(float))
+    assert rule(0.9) > 0.9 and rule(0.3) < 0.1 and rule(0.5) < rule(0.7)
+
+
+def test_code_completion_without_exits_is_plain_greedy_and_with_exits_skips_layers(tiny_model):
+    model = spread_model(tiny_model)
+    reference = AutoregressiveDecoder(model).generate(PROMPT, 10).token_ids
+    method = CodeCompletion(model, exit_layers=[2], exit_threshold=1.0)
+    method.predict([[3, 1, 4, 1, 5]], 0.0, 6)
+    result = method.run(PROMPT, max_new_tokens=10)
+    assert result.token_ids == reference and result.extra["layers_skipped_mean"] == 0.0
+    eager = CodeCompletion(model, exit_layers=[2], exit_threshold=0.0)
+    eager.predict([[3, 1, 4, 1, 5]], 0.0, 6)
+    result = eager.run(PROMPT, max_new_tokens=10)
+    assert result.extra["layers_skipped_mean"] == 2.0 and result.layer_evaluations == 2 * 10
+    with pytest.raises(ValueError, match="run"):
+        eager.build(0.0)
