@@ -120,6 +120,7 @@ class CodeCompletion(Method):
         for layer in self.exit_layers:
             row = profile.row(layer)
             self.exit_rules[layer] = LogisticRule().fit(profile.confidence[row], profile.match[row])
+        train = time.perf_counter() - start
         details = {"agreement_with_final_by_layer": profile.match.mean(axis=1).tolist()}
         if self.references:
             wrong, confidence = [], []
@@ -130,9 +131,10 @@ class CodeCompletion(Method):
                 wrong.append(final_pred[0] != truth)
                 confidence.append(final_pred[1])
             wrong_all = np.concatenate(wrong)
+            start = time.perf_counter()
             self.stop_rule = LogisticRule().fit(np.concatenate(confidence), wrong_all.astype(float))
+            train += time.perf_counter() - start
             details["full_model_wrong_rate"] = float(wrong_all.mean())
-        train = time.perf_counter() - start
         return Prediction(None, details, train_seconds=train)
 
     def _teacher_forced(self, tokens, start):
