@@ -18,7 +18,6 @@ from tests.executor.test_decoders import (
     P_THRESHOLD,
     PROMPT,
     _residual_from_target,
-    _target_instead_of_residual,
     exact_law,
     g_test_p_value,
 )
@@ -126,6 +125,14 @@ def test_every_lossless_method_reproduces_greedy_decoding_token_for_token(tiny_m
     assert result.steps <= 16 and result.layer_evaluations > 0
 
 
+_real_verify_multidraft = tree_module.verify_multidraft
+
+
+def _letters_swapped(name, target_probs, draft_probs, drafts, generator):
+    """The classic bug of papers that name the target q: accept with min(1, q/p), residual (q - p)+."""
+    return _real_verify_multidraft(name, draft_probs, target_probs, drafts, generator)
+
+
 def sample_outcomes(method, seed: int, count: int = 1000) -> list[tuple[int, ...]]:
     decoder = method.build(1.0)
     generator = torch.Generator().manual_seed(seed)
@@ -148,7 +155,7 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
     ("name", "module", "attribute", "broken"),
     [
         ("kangaroo", chain_module, "verify_chain", _residual_from_target),
-        ("dyspec", tree_module, "verify_multidraft", _target_instead_of_residual),
+        ("dyspec", tree_module, "verify_multidraft", _letters_swapped),
     ],
 )
 def test_the_law_test_catches_a_broken_verifier_inside_a_method(
