@@ -70,7 +70,9 @@ class DySpecDecoder(TreeDecoder):
 
     @property
     def max_tree_size(self) -> int:
-        return self.budget
+        # Cache slots while drafting: each level may draw up to budget - 1 tentative nodes before the final
+        # selection drops some; the verified tree itself has at most ``budget`` nodes.
+        return 1 + (self.budget - 1) * self.max_depth
 
     def settings(self) -> dict:
         return {**super().settings(), "budget": self.budget, "max_depth": self.max_depth}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import theory
-from executor.decoders import AutoregressiveDecoder, DecodingState, DraftTree
+from executor.decoders import AutoregressiveDecoder, DecodingState, DraftTree, Sampling
 from executor.drafters import EarlyExitDrafter
 from executor.methods.calibration import exit_profile, positional_acceptance, run_lengths
 from executor.methods.code_completion import CodeCompletion, LogisticRule, rouge_l
@@ -49,6 +49,7 @@ def test_dyspec_tree_is_the_papers_global_greedy_tree(tiny_model, seed, budget):
     model(torch.tensor([PROMPT[:-1]]), torch.arange(len(PROMPT) - 1))
     tree = decoder.draft(DecodingState(list(PROMPT), len(PROMPT)), torch.Generator())
     assert len(tree) == budget and head is model.tok_embeddings.weight
+    assert decoder.max_tree_size >= budget
     assert token_paths(tree.parents, tree.tokens) == token_paths(
         list(expected.tree.parents), [0, *expected.tokens[1:]]
     )
@@ -186,3 +187,29 @@ def test_code_completion_without_exits_is_plain_greedy_and_with_exits_skips_laye
     assert result.extra["layers_skipped_mean"] == 2.0 and result.layer_evaluations == 2 * 10
     with pytest.raises(ValueError, match="run"):
         eager.build(0.0)
+
+
+def test_dyspec_reserves_cache_slots_for_every_tentative_node(tiny_model, monkeypatch):
+    """Nodes drawn at one level can be displaced later; the drafting tree may outgrow the final budget."""
+    model = spread_model(tiny_model)
+    decoder = DySpecDecoder(
+        model,
+        EarlyExitDrafter(model, 1),
+        budget=4,
+        max_depth=3,
+        max_width=4,
+        sampling=Sampling(temperature=1.0),
+    )
+    sizes = []
+    final_tree = decoder._final_tree
+
+    def record(work, chosen):
+        sizes.append(len(work))
+        return final_tree(work, chosen)
+
+    monkeypatch.setattr(decoder, "_final_tree", record)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        decoder.generate(PROMPT, 6, generator=generator)
+    assert max(sizes) <= decoder.max_tree_size
+    assert max(sizes) > decoder.budget
