@@ -100,6 +100,7 @@ def run_unit(
                 generator=torch.Generator().manual_seed(seed),
                 eos_id=eos,
             )
+        counter.exclude_prefill(len(prompt))
         result = method.run(
             prompt,
             temperature=temperature,
@@ -110,6 +111,7 @@ def run_unit(
         record["prompts"].append(
             {
                 "prompt": index,
+                "prompt_tokens": len(prompt),
                 "tokens": len(result.token_ids),
                 "steps": result.steps,
                 "wall_time": result.wall_time,

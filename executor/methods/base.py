@@ -54,6 +54,13 @@ class LayerCounter:
     def _head(self, module, args) -> None:
         self.heads += 1
 
+    def exclude_prefill(self, prompt_length: int) -> None:
+        """Remove the prefill forward (``prompt_length - 1`` tokens through every layer, one head call)."""
+        if prompt_length > 1:
+            self.total -= len(self.model.layers) * (prompt_length - 1)
+            self.passes -= len(self.model.layers)
+            self.heads -= 1
+
     def __enter__(self) -> LayerCounter:
         self._handles = [layer.register_forward_pre_hook(self._hook) for layer in self.model.layers]
         self._handles.append(self.model.norm.register_forward_pre_hook(self._head))
@@ -78,7 +85,7 @@ class MethodResult:
     acceptance_by_position : list of float
         Fraction of drafting steps whose accepted path reached depth ``i + 1``.
     layer_evaluations : int
-        Decoder-layer evaluations (layers times token positions), drafts included.
+        Decoder-layer evaluations (layers times token positions) after the prefill, drafts included.
     wall_time : float
         Seconds, prefill included.
     extra : dict
@@ -172,6 +179,7 @@ class Method(ABC):
             start = time.perf_counter()
             result = decoder.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
             wall = time.perf_counter() - start
+        counter.exclude_prefill(len(result.prompt_ids))
         return MethodResult(
             token_ids=list(result.token_ids),
             steps=len(result.steps),

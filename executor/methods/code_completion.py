@@ -204,6 +204,7 @@ class CodeCompletion(Method):
                     stopped = True
                     break
         wall = time.perf_counter() - start
+        counter.exclude_prefill(len(prompt))
         n = model.config.n_layers
         return MethodResult(
             token_ids=tokens,

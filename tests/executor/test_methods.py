@@ -112,6 +112,8 @@ def test_layer_counter_counts_layer_tokens_passes_and_heads(tiny_model):
         AutoregressiveDecoder(model).generate(PROMPT, 3)
     # prefill of 4 tokens + 3 one-token steps, 4 layers each; one head call per forward.
     assert counter.total == 4 * (4 + 3) and counter.passes == 4 * 4 and counter.heads == 4
+    counter.exclude_prefill(len(PROMPT))
+    assert counter.total == 4 * 3 and counter.passes == 4 * 3 and counter.heads == 3
 
 
 @pytest.mark.parametrize("name", LOSSLESS)
