@@ -102,7 +102,7 @@ def _note(row: dict) -> str:
 
 
 def build_report(config, out) -> dict:
-    from executor.logs import write_json
+    from executor.files import write_json
 
     out = Path(out)
     rows = [summarise_unit(json.loads(p.read_text())) for p in sorted((out / "units").glob("*.json"))]

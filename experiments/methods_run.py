@@ -147,7 +147,7 @@ def run_methods(
     """
     import torch
 
-    from executor.logs import write_json
+    from executor.files import write_json
     from experiments.methods_report import build_report
 
     out = Path(out)

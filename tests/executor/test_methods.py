@@ -19,7 +19,7 @@ from tests.executor.test_decoders import (
     PROMPT,
     _residual_from_target,
     exact_law,
-    g_test_p_value,
+    outcome_p_value,
 )
 
 VOCAB = 8
@@ -148,7 +148,7 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
     method = build(name, model, calibrate=1.0)
     law = exact_law(model, Sampling(temperature=1.0))
     assert np.max(law) < 0.5  # spread out: a broken verifier would show
-    p_value = g_test_p_value(sample_outcomes(method, seed=11), law)
+    p_value = outcome_p_value(sample_outcomes(method, seed=11), law)
     assert p_value > P_THRESHOLD, f"{name}: G-test p = {p_value:.2e}"
 
 
@@ -168,7 +168,7 @@ def test_the_law_test_catches_a_broken_verifier_inside_a_method(
     method = build(name, model, calibrate=1.0)
     law = exact_law(model, Sampling(temperature=1.0))
     monkeypatch.setattr(module, attribute, broken)
-    p_value = g_test_p_value(sample_outcomes(method, seed=11), law)
+    p_value = outcome_p_value(sample_outcomes(method, seed=11), law)
     assert p_value < P_THRESHOLD, f"the broken {attribute} went unnoticed in {name}: p = {p_value:.2e}"
 
 

@@ -47,7 +47,7 @@ def test_dyspec_tree_is_the_papers_global_greedy_tree(tiny_model, seed, budget):
     decoder = DySpecDecoder(model, EarlyExitDrafter(model, 1), budget=budget, max_depth=3, max_width=8)
     model.setup_cache(32)
     model(torch.tensor([PROMPT[:-1]]), torch.arange(len(PROMPT) - 1))
-    tree = decoder.draft(DecodingState(list(PROMPT), len(PROMPT)), torch.Generator())
+    tree = decoder.draft(DecodingState(list(PROMPT)), torch.Generator())
     assert len(tree) == budget and head is model.tok_embeddings.weight
     assert decoder.max_tree_size >= budget
     assert token_paths(tree.parents, tree.tokens) == token_paths(
@@ -67,7 +67,7 @@ def fuzzy_chain_logits(model, group_size: int) -> torch.Tensor:
     drafter = LayerParallelDrafter(model, 3, group_size=group_size, exact_layers=0)
     drafter.start(PROMPT, 32)
     model.setup_cache(32)
-    state = DecodingState(list(PROMPT), len(PROMPT))
+    state = DecodingState(list(PROMPT))
     tree = DraftTree(PROMPT[-1])
     rows = [drafter.draft_logits(state, tree, [0])[0]]
     for token in (4, 5):
