@@ -215,9 +215,15 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache_positions: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        slots: int,
+        slots: int | None = None,
     ) -> torch.Tensor:
-        """``attention_mask``: additive, shape (T, slots), or ``None`` when every query sees every slot."""
+        """``attention_mask``: shape (T, slots), additive (0 or -inf) or boolean (``True`` = may attend), or
+        ``None`` when every query sees every slot; ``slots`` defaults to the mask's width (the drafters that
+        run single layers pass a boolean mask and no ``slots``)."""
+        if slots is None:
+            if attention_mask is None:
+                raise ValueError("slots is needed when attention_mask is None")
+            slots = attention_mask.shape[-1]
         batch, length, _ = x.shape
         heads = self.n_heads + self.n_kv_heads
         qkv = linear(x, self.wqkv.weight).view(batch, length, heads + self.n_kv_heads, self.head_dim)
@@ -235,6 +241,19 @@ class Attention(nn.Module):
         return linear(
             out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim), self.wo.weight
         )
+
+    def key_value(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotated keys and the values of ``x`` (shape (B, T, dim)), as ``forward`` writes them to the cache.
+
+        For methods that fill a layer's cache without running its attention (skipped layers).
+        """
+        batch, length, _ = x.shape
+        rows = self.n_heads * self.head_dim
+        kv = linear(x, self.wqkv.weight[rows:]).view(batch, length, 2 * self.n_kv_heads, self.head_dim)
+        k, v = kv[:, :, : self.n_kv_heads].transpose(1, 2), kv[:, :, self.n_kv_heads :].transpose(1, 2)
+        return k * cos + rotate_half(k) * sin, v
 
 
 class FeedForward(nn.Module):
@@ -269,7 +288,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, cache_positions, attention_mask, slots) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache_positions, attention_mask, slots=None) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache_positions, attention_mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 

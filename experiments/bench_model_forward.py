@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from executor.logs import write_json
+from executor.files import write_json
 from executor.weights import load_model
 
 VARIANTS = ("baseline", "eager", "compiled")

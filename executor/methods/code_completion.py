@@ -147,15 +147,9 @@ class CodeCompletion(Method):
     # ------------------------------------------------------------------------------------------- decoding
     def _propagate(self, hidden, layer_from: int, slot: torch.Tensor, cos, sin) -> None:
         """Write the K/V of layers ``layer_from..L-1`` for one token from the exit hidden state."""
-        from executor.model import rotate_half
-
         for layer in self.target.layers[layer_from:]:
-            attention = layer.attention
-            x = layer.attention_norm(hidden)
-            k = attention.wk(x).view(1, 1, attention.n_kv_heads, attention.head_dim).transpose(1, 2)
-            v = attention.wv(x).view(1, 1, attention.n_kv_heads, attention.head_dim).transpose(1, 2)
-            k = k * cos + rotate_half(k) * sin
-            attention.kv_cache.write(slot, k, v)
+            k, v = layer.attention.key_value(layer.attention_norm(hidden), cos, sin)
+            layer.attention.kv_cache.write(slot, k, v)
 
     def _token(self, token: int, position: int, temperature: float, generator):
         model = self.target

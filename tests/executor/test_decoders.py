@@ -344,10 +344,10 @@ def test_generation_stops_after_the_eos_token(tiny_model):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Greedy equality on the embedded SmolLM2-135M and 20 HumanEval prompts
+# Greedy equality on the embedded SmolLM2-135M and 8 HumanEval prompts
 
-HUMANEVAL_PROMPTS = 20
-NEW_TOKENS = 64
+HUMANEVAL_PROMPTS = 8
+NEW_TOKENS = 48
 NEAR_TIE = 1e-4
 
 

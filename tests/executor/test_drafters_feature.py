@@ -108,11 +108,11 @@ def test_feature_head_decoders_reproduce_the_exact_target_law_of_the_next_three_
 
 @pytest.mark.slow
 def test_law_test_rejects_a_broken_verifier_with_the_feature_head(target, monkeypatch):
-    """Negative control: the same samples and threshold catch a verifier that resamples from p."""
+    """Negative control: the same threshold, with 2000 samples, catches a verifier that resamples from p."""
     decoder = law_decoders(target)["chain"]
     law = exact_law(target, SAMPLING)
     monkeypatch.setattr(chain_module, "verify_chain", _residual_from_target)
-    p_value = outcome_p_value(sample_outcomes(decoder, seed=11, count=600), law)
+    p_value = outcome_p_value(sample_outcomes(decoder, seed=11, count=2000), law)
     assert p_value < P_THRESHOLD, f"the broken verifier went unnoticed: p = {p_value:.2e}"
 
 

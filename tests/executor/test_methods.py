@@ -17,7 +17,6 @@ from tests.executor.test_decoders import (
     HORIZON,
     P_THRESHOLD,
     PROMPT,
-    _residual_from_target,
     exact_law,
     outcome_p_value,
 )
@@ -128,11 +127,18 @@ def test_every_lossless_method_reproduces_greedy_decoding_token_for_token(tiny_m
 
 
 _real_verify_multidraft = tree_module.verify_multidraft
+_real_verify_chain = chain_module.verify_chain
 
 
 def _letters_swapped(name, target_probs, draft_probs, drafts, generator):
     """The classic bug of papers that name the target q: accept with min(1, q/p), residual (q - p)+."""
     return _real_verify_multidraft(name, draft_probs, target_probs, drafts, generator)
+
+
+def _chain_letters_swapped(target_probs, draft_probs, drafts, generator):
+    """The same bug in the chain verifier: accept with min(1, q/p), residual (q - p)+."""
+    swapped_target = torch.cat([draft_probs, target_probs[-1:]])  # the bonus row stays the target's
+    return _real_verify_chain(swapped_target, target_probs[:-1], drafts, generator)
 
 
 def sample_outcomes(method, seed: int, count: int = 1000) -> list[tuple[int, ...]]:
@@ -156,7 +162,7 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
 @pytest.mark.parametrize(
     ("name", "module", "attribute", "broken"),
     [
-        ("kangaroo", chain_module, "verify_chain", _residual_from_target),
+        ("kangaroo", chain_module, "verify_chain", _chain_letters_swapped),
         ("dyspec", tree_module, "verify_multidraft", _letters_swapped),
     ],
 )

@@ -135,8 +135,8 @@ def test_the_law_test_rejects_decoding_with_a_wrong_marginal(models, monkeypatch
     target, draft_model = models
     monkeypatch.setattr(optimal_verification, "build_tables", wrong_marginal_tables)
     law = exact_law(target, SAMPLING)
-    outcomes = sample_outcomes(decoders(target, draft_model)["multidraft"], seed=22)
-    assert outcome_p_value(outcomes, law) < 1e-6
+    outcomes = sample_outcomes(decoders(target, draft_model)["multidraft"], seed=22, count=2000)
+    assert outcome_p_value(outcomes, law) < P_THRESHOLD
 
 
 def test_greedy_decoding_with_the_optimal_verifier_equals_autoregressive_argmax(models):
