@@ -7,7 +7,8 @@ Rows, for each dtype (float32 and bfloat16 by default), all greedy on the same G
 * ``hf-early-exit`` -- ``generate(assistant_early_exit=L)`` (LayerSkip self-speculation, Elhoushi et al.,
   ACL 2024, arXiv 2404.16710, as assisted generation);
 * ``ar`` -- our autoregressive decoder; ``chain-ngram``, ``chain-early-exit``, ``tree-early-exit`` -- our
-  speculative decoders with the same drafters.
+  speculative decoders with the same drafters; ``chain-feature``, ``tree-feature`` -- with the trained feature
+  head (EAGLE/Falcon family), when one is cached (``specbound train-drafter --kind feature``).
 
 Every prompt runs every row once, in turn, the order rotated from prompt to prompt (interleaved: a change of
 machine load hits every row alike, and no row is always first). Tokens per second = generated tokens / wall
@@ -129,7 +130,8 @@ def build_runners(
     import torch
 
     from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
-    from executor.drafters import EarlyExitDrafter, PromptLookupDrafter
+    from executor.drafters import EarlyExitDrafter, PromptLookupDrafter, parse_drafter
+    from executor.drafters.parse import feature_checkpoint
     from executor.weights import load_model
     from experiments.peers import load_transformers_model
 
@@ -150,4 +152,13 @@ def build_runners(
         runners[f"tree-early-exit@{name}"] = _our_runner(
             TreeDecoder(model, draft, tree=DynamicTree(budget=2 * gamma + 1, max_depth=gamma, branching=2))
         )
+        checkpoint = feature_checkpoint(model, train_if_missing=False)
+        if checkpoint is not None:  # the trained feature head (`specbound train-drafter --kind feature`)
+            spec = f"feature:{checkpoint}"
+            runners[f"chain-feature@{name}"] = _our_runner(
+                ChainDecoder(model, parse_drafter(spec, model), gamma=gamma)
+            )
+            runners[f"tree-feature@{name}"] = _our_runner(
+                TreeDecoder(model, parse_drafter(spec, model), tree=DynamicTree(2 * gamma + 1, gamma, 2))
+            )
     return runners, tokenizer

@@ -6,7 +6,17 @@ No network access: the data file is part of the package.
 
 from __future__ import annotations
 
-__all__ = ["humaneval_prompts"]
+__all__ = ["OTHER_PROMPTS", "humaneval_prompts", "prompt_set"]
+
+#: Code and prose prompts written for this project and never used to tune anything: speedups measured on
+#: HumanEval alone overstate what users see (prompt lookup was 1.55x there and 1.14x on prompts like these).
+OTHER_PROMPTS = (
+    'import csv\n\n\ndef read_totals(path):\n    """Sum the \'amount\' column of a CSV file per \'category\'."""\n',
+    'class LRUCache:\n    """A least-recently-used cache with a fixed capacity."""\n\n    def __init__(self, capacity):\n',
+    "The history of the printing press begins in the fifteenth century, when",
+    "Write a short explanation of why the sky is blue, for a ten-year-old reader.\n\n",
+    "Dear team,\n\nThank you for the quarterly report. Before the meeting on Friday, I would like to",
+)
 
 
 def humaneval_prompts(count: int | None = None) -> list[str]:
@@ -34,3 +44,16 @@ def humaneval_prompts(count: int | None = None) -> list[str]:
             f"count must be at most {len(ordered)} (the number of HumanEval problems), got {count}"
         )
     return [task["prompt"] for task in ordered[:count]]
+
+
+def prompt_set(name: str, count: int) -> list[str]:
+    """``count`` prompts of the set ``name``: ``"humaneval"`` or ``"other"`` (:data:`OTHER_PROMPTS`)."""
+    if name == "humaneval":
+        return humaneval_prompts(count)
+    if name == "other":
+        if not 1 <= count <= len(OTHER_PROMPTS):
+            raise ValueError(
+                f"count must be in [1, {len(OTHER_PROMPTS)}] for the prompt set 'other', got {count}"
+            )
+        return list(OTHER_PROMPTS[:count])
+    raise ValueError(f"prompt set must be 'humaneval' or 'other', got {name!r}")

@@ -10,7 +10,13 @@ DTYPES = ("float32", "bfloat16")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--prompts", type=int, default=10, help="HumanEval prompts (default 10)")
+    parser.add_argument("--prompts", type=int, default=10, help="prompts of the set (default 10)")
+    parser.add_argument(
+        "--prompt-set",
+        choices=("humaneval", "other"),
+        default="humaneval",
+        help="humaneval (default) or other: code and prose prompts written here, never tuned on (at most 5)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     parser.add_argument("--exit-layer", type=int, default=6, help="early-exit layer of both implementations")
@@ -32,7 +38,7 @@ def run(args) -> int:
     from experiments.apriori.cli import check_writable
     from experiments.bench import build_runners, render_markdown, run_bench, summarise
     from experiments.commands import set_torch_threads
-    from experiments.prompts import humaneval_prompts
+    from experiments.prompts import prompt_set
 
     if args.prompts < 1:
         raise ValueError(f"--prompts must be at least 1, got {args.prompts}")
@@ -47,9 +53,10 @@ def run(args) -> int:
     if args.exit_layer < 1:
         raise ValueError(f"--exit-layer must be at least 1, got {args.exit_layer}")
     check_writable(os.path.dirname(os.path.abspath(args.out)))
+    texts = prompt_set(args.prompt_set, args.prompts)  # a bad count fails before the models load
     threads = set_torch_threads(args.threads)
     runners, tokenizer = build_runners(dtypes, exit_layer=args.exit_layer)
-    prompts = [tokenizer.encode(text) for text in humaneval_prompts(args.prompts)]
+    prompts = [tokenizer.encode(text) for text in texts]
     totals = run_bench(
         runners, prompts, args.max_new_tokens, progress=lambda items: tqdm(items, desc="bench", unit="prompt")
     )
