@@ -1,0 +1,237 @@
+"""The without-replacement quadrature of theory._wor against successive sampling enumerated exactly.
+
+The oracle enumerates every ordered draw with each denominator the sum of the not-yet-drawn masses (in floats
+and in ``fractions.Fraction``); the quadrature must match it on every prefix.
+"""
+
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.theory.test_multidraft import TOL, brute_force, law_of, positive_support
+from theory import (
+    optimal_acceptance,
+    strategies,
+)
+from theory._wor import (
+    _PrefixInclusion,
+    _series_coefficients,
+    wor_prefix_inclusion,
+    wor_prefix_inclusion_two,
+    wor_prefix_minimiser,
+)
+
+# ---------------------------------------------------------------------------------------------------------
+# The without-replacement quadrature
+
+
+def exact_prefix_inclusion(q, n, exact=False):
+    """Q_n(H_k) for every prefix of the given order, by enumerating successive sampling."""
+    values = [Fraction(0) if exact else 0.0 for _ in range(len(q) + 1)]
+    tokens = np.flatnonzero(q).tolist()
+    weights = [Fraction(x) for x in q] if exact else q
+    for combo in itertools.permutations(tokens, n):
+        probability, left = Fraction(1) if exact else 1.0, list(tokens)
+        for x in combo:
+            probability *= weights[x] / sum(weights[y] for y in left)
+            left.remove(x)
+        for k in range(max(combo) + 1, len(q) + 1):
+            values[k] += probability
+    return np.array([float(v) for v in values])
+
+
+def suffix_sums(q):
+    suffix = np.zeros(q.shape[-1] + 1)
+    suffix[:-1] = np.cumsum(q[::-1])[::-1]
+    return suffix
+
+
+def test_float_enumeration_oracle_matches_exact_rational_arithmetic():
+    q = np.random.default_rng(11).dirichlet(np.full(5, 0.3))
+    np.testing.assert_allclose(
+        exact_prefix_inclusion(q, 3), exact_prefix_inclusion(q, 3, exact=True), atol=1e-15
+    )
+
+
+@pytest.mark.parametrize("n", range(3, 9))
+def test_quadrature_matches_enumeration_for_three_to_eight_drafts(n):
+    rng = np.random.default_rng(100 + n)
+    worst = 0.0
+    for concentration in (0.1, 0.5, 3.0):
+        q = rng.dirichlet(np.full(8, concentration))
+        if positive_support(q) < n:
+            continue
+        quadrature = wor_prefix_inclusion(q[None], suffix_sums(q)[None], n)[0]
+        worst = max(worst, np.max(np.abs(quadrature - exact_prefix_inclusion(q, n))))
+    assert worst < 1e-12
+
+
+@given(strategies.distributions(vocab_size=st.integers(2, 7), min_probability=0.0), st.integers(2, 4))
+def test_quadrature_matches_enumeration_on_every_prefix(q, n):
+    outside = suffix_sums(q)
+    if positive_support(q) < n or np.any((outside > 0) & (outside < 1e-300)):
+        return  # the quadrature's documented domain: mass outside the set is 0 or at least 1e-300
+    quadrature = wor_prefix_inclusion(q[None], outside[None], n)[0]
+    np.testing.assert_allclose(quadrature, exact_prefix_inclusion(q, n), atol=1e-11, rtol=0)
+
+
+def test_quadrature_matches_exact_two_draft_formula_at_lm_vocabulary_size():
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal(50_000) * 3.0
+    q = np.exp(logits - logits.max())
+    q /= q.sum()
+    suffix = suffix_sums(q)[None]
+    quadrature = wor_prefix_inclusion(q[None], suffix, 2)
+    exact = wor_prefix_inclusion_two(q[None], suffix)
+    assert np.max(np.abs(quadrature - exact)) < 1e-12
+
+
+def test_exact_two_draft_formula_matches_enumeration():
+    q = np.random.default_rng(4).dirichlet(np.ones(7))
+    exact = wor_prefix_inclusion_two(q[None], suffix_sums(q)[None])[0]
+    np.testing.assert_allclose(exact, exact_prefix_inclusion(q, 2), atol=1e-15)
+
+
+def exact_three_draft_prefix_inclusion(q):
+    """Q_3(H_k) for every prefix, exactly in O(V^2) per prefix (independent of the quadrature).
+
+    Q_3(H) = sum over ordered pairs i != j in H of q_i q_j / (1 - q_i) * (x - q_i - q_j) / (1 - q_i - q_j):
+    the first two draws are i then j, the third lands in the rest of H.
+    """
+    values = np.zeros(len(q) + 1)
+    for k in range(3, len(q) + 1):
+        h = q[:k]
+        x, rest = h.sum(), q[k:].sum()
+        first = h[:, None] * h[None, :] / (x - h[:, None] + rest)  # 1 - q_i as the other tokens' mass
+        third = (x - h[:, None] - h[None, :]) / (x - h[:, None] - h[None, :] + rest)
+        terms = first * third
+        np.fill_diagonal(terms, 0.0)
+        values[k] = terms.sum()
+    return values
+
+
+def test_quadrature_matches_exact_three_draft_formula_with_both_token_classes_and_dropped_grid_points():
+    # A peaked q with a long tail: the tail tokens go through the moment series, the large ones through the
+    # recursion, and the grid points where n = 3 tokens ring surely leave the integrand. All must stay exact.
+    rng = np.random.default_rng(8)
+    q = np.exp(rng.standard_normal(300) * 4.0)
+    q /= q.sum()
+    suffix = suffix_sums(q)
+    reads = np.arange(3, 300)
+    evaluator = _PrefixInclusion(q, suffix, 3, reads[suffix[reads] > 0])
+    assert 0 < evaluator.large_positions.size < 250  # both classes are used
+    assert evaluator.points < evaluator.grid.size  # grid points were dropped
+    quadrature = wor_prefix_inclusion(q[None], suffix[None], 3)[0]
+    np.testing.assert_allclose(quadrature, exact_three_draft_prefix_inclusion(q), atol=1e-12, rtol=0)
+
+
+def test_series_coefficients_are_the_taylor_coefficients_of_powers_of_expm1():
+    # (e^a - 1)^m = sum_l C(m, l) (-1)^(m - l) e^(l a), so the a^r coefficient is sum_l ... l^r / r! (exact).
+    coefficients = _series_coefficients(8)
+    for m in range(8):
+        for r in range(coefficients.shape[1]):
+            exact = sum(
+                Fraction(math.comb(m, ell) * (-1) ** (m - ell) * ell**r, math.factorial(r))
+                for ell in range(m + 1)
+            )
+            assert coefficients[m, r] == pytest.approx(float(exact), rel=1e-14, abs=1e-300)
+
+
+def random_lm_like_row(seed):
+    """A target/draft pair shaped like LM next-token distributions, with random V and n, in ratio order."""
+    rng = np.random.default_rng(1000 + seed)
+    vocab, n = int(rng.integers(50, 1500)), int(rng.integers(3, 7))
+    logits = rng.standard_normal(vocab) * rng.uniform(0.5, 5.0)
+    p = np.exp(logits - logits.max())
+    q = np.exp(logits + rng.standard_normal(vocab) * rng.uniform(0.1, 2.0))
+    order = np.argsort(p / q)
+    target = np.concatenate([[0.0], np.cumsum(p[order] / p.sum())])
+    return target, q[order] / q.sum(), n
+
+
+def minimiser_against_full_evaluation(seed, bound=None):
+    """(min over the prefixes wor_prefix_minimiser evaluated, min over every prefix, evaluations, prefixes)."""
+    target, q_sorted, n = random_lm_like_row(seed)
+    suffix = suffix_sums(q_sorted)
+    candidates = np.ones(target.size, dtype=bool)
+    bound = np.ones(target.size) if bound is None else bound(target.size)  # Q <= 1 always holds
+    searched = wor_prefix_minimiser(target, q_sorted, suffix, n, candidates, bound)
+    full = wor_prefix_inclusion(q_sorted[None], suffix[None], n)[0]
+    return (
+        np.nanmin(target - searched),
+        np.min(target - full),
+        np.count_nonzero(~np.isnan(searched)),
+        target.size,
+    )
+
+
+@pytest.mark.parametrize("batch", [64, 8])
+def test_branch_and_bound_finds_the_minimum_over_every_prefix(monkeypatch, batch):
+    # Rounds of 8 prefixes take many pruning steps; they caught a version that used a ruled-out (never
+    # evaluated) prefix as the next evaluated one and missed the minimum by 1e-7.
+    import theory._wor as wor
+
+    monkeypatch.setattr(wor, "PREFIX_BATCH", batch)
+    pruned = 0
+    for seed in range(25):
+        searched, full, evaluated, prefixes = minimiser_against_full_evaluation(seed)
+        assert searched == pytest.approx(full, abs=1e-13), seed
+        pruned += evaluated < prefixes
+    assert pruned > 20  # it does skip prefixes
+
+
+def test_branch_and_bound_with_an_invalid_bound_is_caught():
+    # Negative control: claiming Q <= 0 rules out every prefix after the first round, which must miss the
+    # minimum on some row, so the test above can fail.
+    misses = [
+        abs(searched - full)
+        for seed in range(5)
+        for searched, full, _, _ in [minimiser_against_full_evaluation(seed, bound=np.zeros)]
+    ]
+    assert max(misses) > 1e-9
+
+
+def test_exact_three_draft_formula_matches_enumeration():
+    q = np.random.default_rng(9).dirichlet(np.ones(7))
+    np.testing.assert_allclose(
+        exact_three_draft_prefix_inclusion(q), exact_prefix_inclusion(q, 3), atol=1e-15
+    )
+
+
+def test_quadrature_on_requested_prefixes_equals_the_full_quadrature_there():
+    rng = np.random.default_rng(12)
+    q = rng.dirichlet(np.full(400, 0.2))
+    suffix = suffix_sums(q)[None]
+    wanted = rng.random(401) < 0.1
+    partial = wor_prefix_inclusion(q[None], suffix, 4, prefixes=wanted[None])[0]
+    full = wor_prefix_inclusion(q[None], suffix, 4)[0]
+    assert np.all(np.isnan(partial[~wanted]))
+    # The grids differ (each spans its own smallest complement mass), hence 1e-13 rather than round-off.
+    np.testing.assert_allclose(partial[wanted], full[wanted], atol=1e-13, rtol=0)
+
+
+def test_without_replacement_with_a_complement_mass_far_below_every_other_mass_is_exact():
+    # Found by hypothesis: the prefix of the three 1/3 tokens leaves s = 3.3e-49, so its integrand lives at
+    # t ~ 1/s; a grid cut at s = 1e-30 returned alpha* = 1. By hand: H = those three tokens has
+    # Q_3(H) = 1 - O(1e-48) and p(H) = 3/7, so alpha* = 1 + 3/7 - 1 = 3/7 (and the brute force agrees).
+    p = np.full(7, 1 / 7)
+    q = np.array([0.0, 0.0, 0.0, 1 / 3, 1 / 3, 1 / 3, 3.33333333e-49])
+    q /= q.sum()
+    expected, _ = brute_force(p, law_of(q, 3, "wor"))
+    assert expected == pytest.approx(3 / 7, abs=1e-12)
+    assert optimal_acceptance(p, q, 3, draft="wor") == pytest.approx(3 / 7, abs=TOL)
+
+
+def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
+    # Negative control: the accuracy tests above must fail for a visibly too coarse trapezoid step.
+    import theory._wor as wor
+
+    monkeypatch.setattr(wor, "QUADRATURE_STEP", 1.5)
+    q = np.random.default_rng(105).dirichlet(np.full(8, 0.5))
+    quadrature = wor.wor_prefix_inclusion(q[None], suffix_sums(q)[None], 5)[0]
+    assert np.max(np.abs(quadrature - exact_prefix_inclusion(q, 5))) > 1e-9
