@@ -1,6 +1,6 @@
 """``specbound validate``: the main job -- the theory predicts, then the executor runs (:mod:`experiments.apriori`).
 
-The replay check of :mod:`experiments.validate` is the report's second column.
+The replay check (each verifier against its theory twin on the logged distributions) is the report's second column.
 """
 
 from __future__ import annotations
