@@ -133,12 +133,13 @@ def log_smollm(path: str, positions: int = 300) -> int:
     """Log at least ``positions`` drafted positions of SmolLM2 at T = 1 (chain, gamma 4, early-exit drafter)."""
     import torch
 
+    from executor.device import set_threads
     from executor.generate import generate
     from executor.weights import load_model
     from experiments.logformat import write_generation_log
     from experiments.prompts import humaneval_prompts
 
-    torch.set_num_threads(1)
+    set_threads(1)
     model, tokenizer = load_model(device="cpu", dtype=torch.float32)
     results, rows = [], 0
     for seed, prompt in enumerate(humaneval_prompts(40)):

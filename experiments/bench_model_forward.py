@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--dtypes: {name!r} is not a torch dtype")
     if min(args.n) < 1 or args.context < 1 or args.repeats < 3 or args.threads < 1:
         parser.error("--n and --context must be positive, --repeats at least 3, --threads positive")
-    torch.set_num_threads(args.threads)
+    from executor.device import set_threads
+
+    set_threads(args.threads)
     report = {
         "config": {
             **vars(args),

@@ -108,12 +108,12 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0) -> list[dict]:
     """SmolLM2 decoding with ``verifier="rrs"`` and ``"optimal"`` side by side (both draw i.i.d. drafts), for the
     multi-draft decoder (n = 4) and a dynamic tree (4 levels, 2 i.i.d. children per node): tokens per step and
     wall time per step, runs interleaved prompt by prompt."""
-    import torch
 
+    from executor.device import set_threads
     from executor.generate import generate
     from executor.weights import load_model
 
-    torch.set_num_threads(1)
+    set_threads(1)
     model, tokenizer = load_model()
     totals = {}
     for index, prompt in enumerate(prompts):

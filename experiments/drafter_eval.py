@@ -130,7 +130,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    from executor.device import set_threads
+
+    set_threads(args.threads)
     report = {}
     for dtype in (torch.float32, torch.bfloat16):
         target, tokenizer = load_model(device="cpu", dtype=dtype)

@@ -22,12 +22,12 @@ PROMPTS = (
 
 def log_pairs(temperature: float, *, drafter: str = "early-exit:15", steps: int = 32, seed: int = 0):
     """``(p, q)`` arrays ``(m, V)`` logged at every drafted position over :data:`PROMPTS`."""
-    import torch
 
+    from executor.device import set_threads
     from executor.generate import generate
     from executor.weights import load_model
 
-    torch.set_num_threads(1)
+    set_threads(1)
     model, tokenizer = load_model()
     ps, qs = [], []
     for index, prompt in enumerate(PROMPTS):
