@@ -13,7 +13,6 @@ atomically; the recorded results are in ``docs/benchmarks/optimal_verifier.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -200,19 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
                 f"{row['ms_per_step']:.1f} ms/step  {row['ms_per_token']:.1f} ms/token"
             )
-    if args.end_to_end:
-        from experiments.real_pairs import PROMPTS
+    from executor.files import write_json
 
-        results["end_to_end"] = end_to_end(PROMPTS, args.end_to_end)
-        for row in results["end_to_end"]:
-            print(
-                f"{row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
-                f"{row['ms_per_step']:.1f} ms/step  {row['ms_per_token']:.1f} ms/token"
-            )
-    handle, temporary = tempfile.mkstemp(dir=args.out.parent if str(args.out.parent) else ".", suffix=".json")
-    with os.fdopen(handle, "w") as file:
-        json.dump(results, file, indent=1)
-    os.replace(temporary, args.out)
+    write_json(results, args.out)
     print(f"wrote {args.out}")
     return 0
 
