@@ -242,6 +242,12 @@ class Attention(nn.Module):
             out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim), self.wo.weight
         )
 
+    def allocate_cache(self, batch_size: int, slots: int, *, like: torch.Tensor) -> None:
+        """Give this layer a zeroed :class:`KVCache` of ``slots`` slots on the device and dtype of ``like``."""
+        self.kv_cache = KVCache(
+            batch_size, self.n_kv_heads, slots, self.head_dim, dtype=like.dtype, device=like.device
+        )
+
     def key_value(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,21 +352,13 @@ class Transformer(nn.Module):
             raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        weight = self.tok_embeddings.weight
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(
-                batch_size,
-                self.config.n_kv_heads,
-                slots,
-                self.config.head_dim,
-                dtype=weight.dtype,
-                device=weight.device,
-            )
+            layer.attention.allocate_cache(batch_size, slots, like=self.tok_embeddings.weight)
         self.cache_slots = slots
         self.cache_batch_size = batch_size
         # RoPE cos/sin for every position a cache slot can hold (a plain attribute: run-time state).
         self._rope_table = self._rope_angles(
-            torch.arange(max(slots, self.config.max_seq_len), device=weight.device)
+            torch.arange(max(slots, self.config.max_seq_len), device=self.tok_embeddings.weight.device)
         )
 
     def forward(

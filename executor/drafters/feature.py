@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.model import KVCache, TransformerBlock
+from executor.model import TransformerBlock
 
 __all__ = ["FeatureDrafter", "FeatureHead"]
 
@@ -68,15 +68,7 @@ class FeatureHead(nn.Module):
         return self.vocab.numel() < self.config.vocab_size
 
     def setup_cache(self, slots: int, batch_size: int = 1) -> None:
-        weight = self.fc.weight
-        self.layer.attention.kv_cache = KVCache(
-            batch_size,
-            self.config.n_kv_heads,
-            slots,
-            self.config.head_dim,
-            dtype=weight.dtype,
-            device=weight.device,
-        )
+        self.layer.attention.allocate_cache(batch_size, slots, like=self.fc.weight)
 
     def forward(
         self,

@@ -34,7 +34,6 @@ from executor.decoders import ChainDecoder
 from executor.methods._common import check_exit_layer, default_exit_layer
 from executor.methods.base import Method, Prediction, acceptance_by_position
 from executor.methods.calibration import forward_time_ratio
-from executor.model import KVCache
 from theory.checks import as_count
 
 __all__ = ["EasySpec", "LayerParallelDrafter", "layer_groups"]
@@ -75,12 +74,8 @@ class LayerParallelDrafter:
             raise ValueError("a LayerParallelDrafter must be built on the target it drafts for")
 
     def start(self, prompt, cache_slots) -> None:
-        config = self.target.config
-        weight = self.target.tok_embeddings.weight
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(
-                1, config.n_kv_heads, cache_slots, config.head_dim, dtype=weight.dtype, device=weight.device
-            )
+            layer.attention.allocate_cache(1, cache_slots, like=self.target.tok_embeddings.weight)
         self.length = 0
 
     def _forward(self, tokens: list[int], slots: torch.Tensor, positions: torch.Tensor, fuzzy: bool):
