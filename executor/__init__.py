@@ -20,6 +20,7 @@ from executor.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafte
 from executor.generate import build_decoder, generate
 from executor.logs import GenerationResult, StepLog, step_distributions
 from executor.model import ModelConfig, Transformer
+from executor.quantize import Int8Linear, quantize_model
 from executor.sampling import logits_to_probs, sample_drafts, sample_token
 from executor.verification import verify_chain, verify_multidraft
 from executor.weights import default_model_path, load_model
@@ -30,6 +31,7 @@ __all__ = [
     "DynamicTree",
     "EarlyExitDrafter",
     "GenerationResult",
+    "Int8Linear",
     "ModelConfig",
     "ModelDrafter",
     "MultiDraftDecoder",
@@ -46,6 +48,7 @@ __all__ = [
     "load_model",
     "logits_to_probs",
     "parse_drafter",
+    "quantize_model",
     "resolve_dtype",
     "sample_drafts",
     "sample_token",

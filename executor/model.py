@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelConfig", "Transformer"]
+__all__ = ["Linear", "ModelConfig", "Transformer"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+class Linear(nn.Linear):
+    """A bias-free ``nn.Linear`` whose product is :func:`linear`; ``forward(x, rows)`` may take a ``slice`` of
+    output rows. :class:`executor.quantize.Int8Linear` has the same call, so the int8 path swaps modules only."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        return linear(x, self.weight if rows is None else self.weight[rows])
+
+
 class RMSNorm(nn.Module):
     """:math:`x / \\sqrt{\\mathrm{mean}(x^2) + \\varepsilon} \\cdot w`, normalised in float32 (as in HF)."""
 
@@ -201,8 +212,8 @@ class Attention(nn.Module):
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
         q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-        self.wqkv = nn.Linear(config.dim, q_rows + 2 * kv_rows, bias=False)
-        self.wo = nn.Linear(q_rows, config.dim, bias=False)
+        self.wqkv = Linear(config.dim, q_rows + 2 * kv_rows)
+        self.wo = Linear(q_rows, config.dim)
         self.kv_cache: KVCache | None = None
         parts = {"wq.weight": q_rows, "wk.weight": kv_rows, "wv.weight": kv_rows}
         self.register_load_state_dict_pre_hook(_fuse_on_load(tuple(parts), "wqkv.weight"))
@@ -226,7 +237,7 @@ class Attention(nn.Module):
             slots = attention_mask.shape[-1]
         batch, length, _ = x.shape
         heads = self.n_heads + self.n_kv_heads
-        qkv = linear(x, self.wqkv.weight).view(batch, length, heads + self.n_kv_heads, self.head_dim)
+        qkv = self.wqkv(x).view(batch, length, heads + self.n_kv_heads, self.head_dim)
         # RoPE on the query and key heads in one pass (cos, sin broadcast over heads).
         qk, v = qkv[:, :, :heads].transpose(1, 2), qkv[:, :, heads:].transpose(1, 2)
         qk = qk * cos + rotate_half(qk) * sin
@@ -238,9 +249,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
         )
-        return linear(
-            out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim), self.wo.weight
-        )
+        return self.wo(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
 
     def allocate_cache(self, batch_size: int, slots: int, *, like: torch.Tensor) -> None:
         """Give this layer a zeroed :class:`KVCache` of ``slots`` slots on the device and dtype of ``like``."""
@@ -257,7 +266,7 @@ class Attention(nn.Module):
         """
         batch, length, _ = x.shape
         rows = self.n_heads * self.head_dim
-        kv = linear(x, self.wqkv.weight[rows:]).view(batch, length, 2 * self.n_kv_heads, self.head_dim)
+        kv = self.wqkv(x, slice(rows, None)).view(batch, length, 2 * self.n_kv_heads, self.head_dim)
         k, v = kv[:, :, : self.n_kv_heads].transpose(1, 2), kv[:, :, self.n_kv_heads :].transpose(1, 2)
         return k * cos + rotate_half(k) * sin, v
 
@@ -270,15 +279,15 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.w13 = nn.Linear(config.dim, 2 * config.hidden_dim, bias=False)
-        self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
+        self.w13 = Linear(config.dim, 2 * config.hidden_dim)
+        self.w2 = Linear(config.hidden_dim, config.dim)
         parts = {"w1.weight": config.hidden_dim, "w3.weight": config.hidden_dim}
         self.register_load_state_dict_pre_hook(_fuse_on_load(tuple(parts), "w13.weight"))
         self.register_state_dict_post_hook(_split_on_save(parts, "w13.weight"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.w13.weight).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.w2.weight)
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
@@ -333,12 +342,17 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.output = None if config.tie_embeddings else Linear(config.dim, config.vocab_size)
         self.cache_slots = 0
         self.cache_batch_size = 0
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # A replacement for layers_and_head (the compiled step of executor.compiled); None runs it eagerly.
         self.step = None
+        # Weight-only quantisation (executor.quantize): the scheme name, the int8 LM head, and the fingerprint
+        # of the float weights it was made from. None for a float model.
+        self.quantization: str | None = None
+        self.quantized_head: nn.Module | None = None
+        self.source_fingerprint: dict | None = None
         self.register_load_state_dict_post_hook(_align_parameters)
 
     def setup_cache(self, max_seq_len: int | None = None, batch_size: int = 1) -> None:
@@ -423,8 +437,18 @@ class Transformer(nn.Module):
         """
         for layer in self.layers[:n_layers]:
             x = layer(x, cos, sin, cache_positions, mask, slots)
+        return self.lm_head(self.norm(x)).float().contiguous(), x
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits of final-normed hidden states ``(..., dim)``, in the activations' dtype.
+
+        The int8 head of a quantised model (:func:`executor.quantize.quantize_model`), else the output weight
+        (the tied embedding by default) through :func:`linear`.
+        """
+        if self.quantized_head is not None:
+            return self.quantized_head(normed)
         weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return linear(self.norm(x), weight).float().contiguous(), x
+        return linear(normed, weight)
 
     @staticmethod
     def _additive_mask(cache_positions, attention_mask, dtype) -> tuple[int, torch.Tensor | None]:

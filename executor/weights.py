@@ -22,6 +22,7 @@ import torch
 
 from executor.device import default_device, resolve_dtype
 from executor.model import ModelConfig, Transformer
+from executor.quantize import int8_unsupported_reason, quantize_model, resolve_quantize
 from executor.tokenizer import Tokenizer
 
 __all__ = [
@@ -256,6 +257,10 @@ def save_safetensors(model: Transformer, directory: str | Path, tokenizer: Token
     """
     from safetensors.torch import save_file
 
+    if model.quantization is not None:
+        raise ValueError(
+            f"model is quantised ({model.quantization}); save the float model and quantise when loading"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config
@@ -310,6 +315,7 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = "auto",
+    quantize: str | None = None,
 ) -> tuple[Transformer, Tokenizer]:
     """Load a llama-family model and its tokenizer, in eval mode and without gradients.
 
@@ -323,7 +329,12 @@ def load_model(
     dtype : str or torch.dtype
         ``"float32"``, ``"bfloat16"``, a floating ``torch.dtype``, or ``"auto"`` (default; ``None`` too):
         :func:`executor.device.default_dtype`, bfloat16 on CUDA and on CPUs with native bfloat16 matrix
-        products (avx512_bf16 or AMX), float32 otherwise.
+        products (avx512_bf16 or AMX), float32 otherwise. With ``quantize``, the dtype of the activations,
+        norms, embedding and KV cache.
+    quantize : str, optional
+        ``None``/``"none"`` (float weights) or ``"int8"``: weight-only int8 linear layers and LM head
+        (:func:`executor.quantize.quantize_model`). The int8 model is then the target that decoders are
+        lossless for. ``ValueError`` where the int8 kernel is missing.
 
     Returns
     -------
@@ -333,6 +344,9 @@ def load_model(
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = resolve_dtype(dtype, device)
+    scheme = resolve_quantize(quantize)
+    if scheme is not None and (reason := int8_unsupported_reason(device)) is not None:
+        raise ValueError(f"quantize={scheme!r} is not supported on {device.type}: {reason}")
     path = _resolve_source(source)
     if path.is_dir():
         config, state = read_safetensors(path)
@@ -346,4 +360,7 @@ def load_model(
     model.load_state_dict(
         {name: value.to(device=device, dtype=dtype) for name, value in state.items()}, assign=True
     )
-    return model.requires_grad_(False).eval(), tokenizer
+    model.requires_grad_(False).eval()
+    if scheme is not None:
+        quantize_model(model, scheme)
+    return model, tokenizer

@@ -70,8 +70,11 @@ def model_fingerprint(model) -> dict:
 
     ``hash`` = sha256 over the config and, for every parameter in name order, its name, shape and every
     997th entry rounded to bfloat16 (so a float32 and a bfloat16 copy of the same weights agree);
-    ``vocab_size`` from the config.
+    ``vocab_size`` from the config. A quantised model (:mod:`executor.quantize`) answers with the fingerprint
+    of the float weights it was made from, so that drafters trained for them serve it too.
     """
+    if getattr(model, "source_fingerprint", None) is not None:
+        return dict(model.source_fingerprint)
     digest = hashlib.sha256(repr(sorted(vars(model.config).items())).encode())
     for name, parameter in sorted(model.state_dict().items()):
         sample = parameter.detach().reshape(-1)[::997].to("cpu", torch.bfloat16).view(torch.int16)
