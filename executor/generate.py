@@ -17,6 +17,7 @@ from executor.decoders import (
 from executor.device import resolve_dtype
 from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
 from executor.logs import GenerationResult
+from executor.quantize import resolve_quantize
 from theory.checks import as_choice, as_count
 
 __all__ = ["DECODERS", "build_decoder", "generate"]
@@ -64,6 +65,7 @@ def generate(
     tokenizer=None,
     source: str | None = None,
     dtype: str | torch.dtype = "auto",
+    quantize: str | None = None,
     chat: bool = False,
     decoder: str = "ar",
     drafter: str | None = None,
@@ -92,6 +94,9 @@ def generate(
         Precision of the loaded model: ``"float32"``, ``"bfloat16"``, a floating ``torch.dtype`` or ``"auto"``
         (default: :func:`executor.device.default_dtype`, bfloat16 on CUDA and on CPUs with native bfloat16).
         With ``model`` given, ``"auto"`` keeps the model's dtype and any other value must equal it.
+    quantize : str, optional
+        ``None``/``"none"`` or ``"int8"`` (weight-only int8, :mod:`executor.quantize`) for the loaded model;
+        with ``model`` given, ``None`` keeps it as it is and any other value must match it.
     chat : bool
         Wrap ``prompt`` as one user message with the tokenizer's chat template.
     decoder : str
@@ -138,18 +143,24 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    scheme = resolve_quantize(quantize)
     explicit = not (isinstance(dtype, str) and dtype == "auto")
     wanted = resolve_dtype(dtype, None if model is None else model.tok_embeddings.weight.device)
     if model is None:
         from executor.weights import load_model
 
-        model, tokenizer = load_model(source, dtype=wanted)
+        model, tokenizer = load_model(source, dtype=wanted, quantize=scheme)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
     elif explicit and model.tok_embeddings.weight.dtype != wanted:
         raise ValueError(
             f"dtype {dtype!r} differs from the given model's {model.tok_embeddings.weight.dtype}; "
             "convert the model or pass dtype='auto'"
+        )
+    elif quantize is not None and model.quantization != scheme:
+        raise ValueError(
+            f"quantize {quantize!r} differs from the given model's ({model.quantization or 'none'}); "
+            "quantise the model with executor.quantize.quantize_model or pass quantize=None"
         )
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     runner = build_decoder(

@@ -81,7 +81,12 @@ def render_markdown(result: dict) -> str:
         "",
         f"{settings['prompts']} HumanEval prompts, {settings['max_new_tokens']} new tokens, greedy, "
         f"{settings['threads']} threads; rows interleaved per prompt. Ratios against `hf-generate` and our `ar` "
-        "of the same dtype, same run.",
+        "of the same dtype, same run."
+        + (
+            f" Our decoders run the {settings['quantize']} target (weight-only), transformers the float one."
+            if settings.get("quantize", "none") != "none"
+            else ""
+        ),
         "",
         "| decoder | dtype | tokens/s | vs hf-generate | vs ar |",
         "|---|---|---:|---:|---:|",
@@ -124,9 +129,13 @@ def _our_runner(decoder) -> Runner:
 
 
 def build_runners(
-    dtypes, *, exit_layer: int, lookup: int = 2, gamma: int = 3
+    dtypes, *, exit_layer: int, lookup: int = 2, gamma: int = 3, quantize: str | None = None
 ) -> tuple[dict[str, Runner], object]:
-    """The runners of the module docstring for each dtype, and our tokenizer (to encode the prompts)."""
+    """The runners of the module docstring for each dtype, and our tokenizer (to encode the prompts).
+
+    ``quantize="int8"`` runs our decoders on the weight-only int8 target (:mod:`executor.quantize`; ``ar`` is
+    then int8 plain decoding); the ``transformers`` rows stay in the float dtype.
+    """
     import torch
 
     from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
@@ -139,7 +148,7 @@ def build_runners(
     tokenizer = None
     for name in dtypes:
         dtype = getattr(torch, name)
-        model, tokenizer = load_model(device="cpu", dtype=dtype)
+        model, tokenizer = load_model(device="cpu", dtype=dtype, quantize=quantize)
         hf_model, hf_tokenizer = load_transformers_model(dtype=dtype)
         pad = hf_tokenizer.eos_token_id
         runners[f"hf-generate@{name}"] = _hf_runner(hf_model, pad, {})

@@ -51,9 +51,10 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
-    from experiments.commands import add_dtype_argument
+    from experiments.commands import add_dtype_argument, add_quantize_argument
 
     add_dtype_argument(parser)
+    add_quantize_argument(parser)
 
 
 def parse_temperatures(text: str) -> tuple[float, ...]:
@@ -126,6 +127,7 @@ def config_from_args(args):
         seed=args.seed,
         latency=args.latency,
         dtype=args.dtype,
+        quantize=args.quantize,
         **settings,
     )
 

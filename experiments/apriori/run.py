@@ -55,9 +55,13 @@ class AprioriConfig:
     decoders: tuple[str, ...] | None = None
     latency: str | None = None
     dtype: str = "auto"  # resolved to "float32" or "bfloat16" before the fingerprint: runs never mix dtypes
+    quantize: str = "none"  # "int8": the int8 model is the target (executor.quantize)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        settings = asdict(self)
+        if settings["quantize"] == "none":  # runs written before --quantize existed keep their fingerprint
+            del settings["quantize"]
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 #: ``--quick``: fewer prompts, tokens, positions and configurations; every report section still produced.
@@ -223,7 +227,11 @@ def run_apriori(
     if model is None:
         config = replace(config, dtype=str(resolve_dtype(config.dtype, name="dtype")).removeprefix("torch."))
     else:
-        config = replace(config, dtype=str(model.tok_embeddings.weight.dtype).removeprefix("torch."))
+        config = replace(
+            config,
+            dtype=str(model.tok_embeddings.weight.dtype).removeprefix("torch."),
+            quantize=model.quantization or "none",
+        )
     out = Path(out)
     manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
     if (out / "config.json").exists() and not restart:
@@ -242,7 +250,7 @@ def run_apriori(
         from executor.weights import load_model
         from experiments.prompts import humaneval_prompts
 
-        model, tokenizer = load_model(config.model, dtype=config.dtype)
+        model, tokenizer = load_model(config.model, dtype=config.dtype, quantize=config.quantize)
         prompt_ids = [tokenizer.encode(text) for text in humaneval_prompts(config.prompts)]
         eos_id = tokenizer.eos_id
     if prompt_ids is None or len(prompt_ids) != config.prompts:

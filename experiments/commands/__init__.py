@@ -26,3 +26,19 @@ def add_dtype_argument(parser) -> None:
         help="weights and activations: auto (default) = bfloat16 on CUDA and on CPUs with native bfloat16 "
         "(avx512_bf16 or AMX), float32 otherwise",
     )
+
+
+#: ``--quantize`` choices: :data:`executor.quantize.QUANTIZE_NAMES`, repeated so that building the parser does
+#: not import torch (a test checks that the two agree).
+QUANTIZE_CHOICES = ("none", "int8")
+
+
+def add_quantize_argument(parser) -> None:
+    """``--quantize none|int8`` for a command that runs a model (see :mod:`executor.quantize`)."""
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        default="none",
+        help="target weights: none (default, the --dtype floats) or int8 (weight-only, per output channel; "
+        "the int8 model is then the target the decoders are lossless for)",
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from experiments.commands import add_quantize_argument
+
 HELP = (
     "tokens/s of our decoders against transformers generate, prompt lookup and early-exit assisted generation"
 )
@@ -19,6 +21,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
+    add_quantize_argument(parser)
     parser.add_argument("--exit-layer", type=int, default=6, help="early-exit layer of both implementations")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
@@ -35,6 +38,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from executor.files import write_json
+    from executor.quantize import resolve_quantize
     from experiments.apriori.cli import check_writable
     from experiments.bench import build_runners, render_markdown, run_bench, summarise
     from experiments.commands import set_torch_threads
@@ -55,7 +59,8 @@ def run(args) -> int:
     check_writable(os.path.dirname(os.path.abspath(args.out)))
     texts = prompt_set(args.prompt_set, args.prompts)  # a bad count fails before the models load
     threads = set_torch_threads(args.threads)
-    runners, tokenizer = build_runners(dtypes, exit_layer=args.exit_layer)
+    quantize = resolve_quantize(args.quantize, name="--quantize")
+    runners, tokenizer = build_runners(dtypes, exit_layer=args.exit_layer, quantize=quantize)
     prompts = [tokenizer.encode(text) for text in texts]
     totals = run_bench(
         runners, prompts, args.max_new_tokens, progress=lambda items: tqdm(items, desc="bench", unit="prompt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from experiments.commands import add_dtype_argument
+from experiments.commands import add_dtype_argument, add_quantize_argument
 
 HELP = "generate a continuation with the autoregressive, chain, multi-draft or tree decoder"
 
@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
     add_dtype_argument(parser)
+    add_quantize_argument(parser)
     parser.add_argument(
         "--json", action="store_true", help="print token ids, text, tau, acceptance and tokens/s"
     )
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         args.prompt,
         source=args.model,
         dtype=args.dtype,
+        quantize=args.quantize,
         chat=args.chat,
         decoder=args.decoder,
         drafter=args.drafter,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.commands import add_dtype_argument
+from experiments.commands import add_dtype_argument, add_quantize_argument
 
 HELP = "measure the target's forward time per number of new tokens and the drafter's cost; write latency JSON"
 
@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2-135M)"
     )
     add_dtype_argument(parser)
+    add_quantize_argument(parser)
     parser.add_argument(
         "--drafter",
         default=None,
@@ -40,11 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="latency.json", help="output JSON file (written atomically)")
 
 
-def load_target(source, dtype):
+def load_target(source, dtype, quantize=None):
     """The model and tokenizer to profile (a seam for tests)."""
     from executor.weights import load_model
 
-    return load_model(source, dtype=dtype)
+    return load_model(source, dtype=dtype, quantize=quantize)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from executor.device import detect_hardware, resolve_dtype
     from executor.drafters import default_drafter, parse_drafter
     from executor.files import write_json
+    from executor.quantize import resolve_quantize
     from experiments.commands import set_torch_threads
     from experiments.profiling import (
         PROFILE_FORMAT,
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
             )
     threads = set_torch_threads(args.threads)
     dtype = resolve_dtype(args.dtype, name="--dtype")
-    model, tokenizer = load_target(args.model, dtype)
+    quantize = resolve_quantize(args.quantize, name="--quantize")
+    model, tokenizer = load_target(args.model, dtype, quantize)
     context = context_ids(tokenizer, args.context)
     drafter_name = args.drafter or default_drafter(model)
     drafter = None if drafter_name == "none" else parse_drafter(drafter_name, model)
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "version": PROFILE_VERSION,
         "model": args.model or "embedded SmolLM2-135M-Instruct",
         "dtype": str(dtype).removeprefix("torch."),
+        "quantize": quantize or "none",
         "device": str(device),
         "threads": threads,
         "hardware": detect_hardware().summary(),
@@ -120,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
 def format_report(report: dict) -> str:
     """The profile as text: target time per size (median, IQR, relative to one token) and the drafter's."""
     target = report["target"]
+    quantized = f" ({report['quantize']} weights)" if report.get("quantize", "none") != "none" else ""
     lines = [
-        f"{report['model']}, {report['dtype']} on {report['device']}, {report['threads']} threads, "
+        f"{report['model']}, {report['dtype']}{quantized} on {report['device']}, {report['threads']} threads, "
         f"context {report['context_tokens']} tokens, {report['repeats']} repeats (median, IQR)",
         "",
         f"{'new tokens':>10} {'median ms':>10} {'IQR ms':>8} {'x t(1)':>7}",

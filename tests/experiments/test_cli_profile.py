@@ -7,6 +7,7 @@ import json
 import pytest
 
 import experiments.commands.profile as profile_command
+from executor.quantize import quantize_model
 from experiments.cli import main
 from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
 from tests.tiny_models import build_tiny_model
@@ -26,10 +27,10 @@ class ByteTokenizer:
 def tiny_target(monkeypatch):
     loaded = []
 
-    def load_target(source, dtype):
+    def load_target(source, dtype, quantize=None):
         model = build_tiny_model(0, vocab_size=16, max_seq_len=64).to(dtype)
         loaded.append(dtype)
-        return model, ByteTokenizer(16)
+        return (quantize_model(model, quantize) if quantize else model), ByteTokenizer(16)
 
     monkeypatch.setattr(profile_command, "load_target", load_target)
     return loaded
@@ -63,6 +64,13 @@ def test_bfloat16_and_no_drafter(tmp_path, tiny_target):
     data = profile(tmp_path, "--drafter", "none", "--dtype", "bfloat16")
     assert data["dtype"] == "bfloat16" and tiny_target == [torch.bfloat16]
     assert data["drafter"] is None
+
+
+def test_int8_profile_records_the_quantisation(tmp_path, tiny_target, capsys):
+    data = profile(tmp_path, "--drafter", "early-exit:1", "--dtype", "float32", "--quantize", "int8")
+    assert (data["dtype"], data["quantize"]) == ("float32", "int8")
+    assert "(int8 weights)" in capsys.readouterr().out
+    assert profile(tmp_path, "--drafter", "none")["quantize"] == "none"
 
 
 def test_plan_tree_and_plan_length_accept_the_profile(tmp_path, tiny_target, capsys):

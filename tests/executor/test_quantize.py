@@ -1,0 +1,247 @@
+"""Weight-only int8: the quantiser against its formula, the kernel against a float64 oracle, the quantised model
+in every decoder (greedy identity with int8 plain decoding, the exact next-token law), bad input, and SmolLM2."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import executor.quantize as quantize_module
+from executor.decoders import AutoregressiveDecoder, ChainDecoder, Sampling
+from executor.drafters import PromptLookupDrafter
+from executor.model import Linear
+from executor.quantize import (
+    QUANTIZE_NAMES,
+    Int8Linear,
+    int8_linear,
+    int8_unsupported_reason,
+    quantize_int8,
+    quantize_model,
+    resolve_quantize,
+)
+from executor.training.checkpoint import model_fingerprint
+from tests.executor import test_decoders, test_drafters_feature
+
+
+def previous_bfloat16(value: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(value, torch.zeros_like(value))
+
+
+def test_quantize_int8_follows_its_formula_on_every_row():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 48, generator=generator) * torch.logspace(-3, 2, 64)[:, None]
+    weight[5] = 0.0  # an all-zero row
+    weight[7, 3] = -weight[7].abs().max() * 2  # the row's extreme is negative
+    q, scales = quantize_int8(weight)
+    assert q.dtype == torch.int8 and scales.dtype == torch.bfloat16 and q.shape == weight.shape
+    exact = weight.abs().amax(1) / 127
+    for row in range(64):
+        s = scales[row].float()
+        if exact[row] == 0:
+            assert s == 1 and (q[row] == 0).all()
+            continue
+        # s is the smallest bfloat16 >= max|W| / 127 ...
+        assert s >= exact[row] and previous_bfloat16(scales[row]).float() < exact[row]
+        # ... Q is W / s rounded to the nearest integer, so the error is at most s / 2, and the extreme hits 127.
+        torch.testing.assert_close(q[row].float(), torch.round(weight[row] / s), atol=0, rtol=0)
+        assert (weight[row] - s * q[row].float()).abs().max() <= s / 2 + 1e-7 * s
+        assert q[row].abs().max() >= 126
+    assert q[7, 3] < 0 and q.abs().max() <= 127
+
+
+def test_int8_linear_equals_the_dequantised_product_in_float64():
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(40, 64, generator=generator)
+    layer = Int8Linear(weight)
+    x = torch.randn(2, 3, 64, generator=generator)
+    out = layer(x)
+    assert out.shape == (2, 3, 40) and out.dtype == torch.float32
+    # The oracle: bfloat16 activations times Q * s, summed in float64, rounded to bfloat16 once.
+    oracle = (x.bfloat16().double() @ layer.dequantized().double().T).bfloat16().float()
+    error = (out - oracle).abs()
+    assert (error <= 2 * 2**-8 * oracle.abs() + 1e-6).all()  # two bfloat16 ulps (summation order)
+    # Negative control: the float weight itself is further away than the rounding allows somewhere.
+    unquantised = (x.double() @ weight.double().T).float()
+    assert not ((out - unquantised).abs() <= 2**-9 * unquantised.abs()).all()
+    # Output rows: a slice equals the same rows of the full product, and the module keeps the input dtype.
+    torch.testing.assert_close(layer(x, slice(10, 30)), out[..., 10:30], atol=0, rtol=0)
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_int8_linear_rejects_nothing_silently_and_quantize_int8_rejects_bad_weights():
+    with pytest.raises(ValueError, match="weight must be a 2-D floating tensor"):
+        quantize_int8(torch.ones(3, dtype=torch.float32))
+    with pytest.raises(ValueError, match="weight must be a 2-D floating tensor"):
+        quantize_int8(torch.ones(3, 4, dtype=torch.int8))
+    # A float32 copy of the scales (e.g. after model.float()) gives the same product.
+    layer = Int8Linear(torch.randn(8, 16))
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(int8_linear(x, layer.weight, layer.scales.float()), layer(x), atol=0, rtol=0)
+
+
+def test_quantize_model_swaps_every_linear_and_keeps_the_embedding(tiny_model):
+    model = quantize_model(tiny_model(0, tie_embeddings=False))
+    assert model.quantization == "int8" and isinstance(model.quantized_head, Int8Linear)
+    for layer in model.layers:
+        for module in (
+            layer.attention.wqkv,
+            layer.attention.wo,
+            layer.feed_forward.w13,
+            layer.feed_forward.w2,
+        ):
+            assert isinstance(module, Int8Linear)
+    assert model.tok_embeddings.weight.dtype == torch.float32 and isinstance(model.output, Linear)
+    # The int8 head is made from the output weight (untied), not from the embedding.
+    torch.testing.assert_close(
+        model.quantized_head.dequantized(),
+        model.output.weight,
+        atol=model.quantized_head.scales.max().item(),
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_logits_are_near_float_and_the_fingerprint_is_the_float_models(tiny_model, dtype):
+    float_model = tiny_model(5, vocab_size=16).to(dtype)
+    float_model.setup_cache(64)
+    model = quantize_model(copy.deepcopy(float_model))
+    model.setup_cache(64)
+    tokens, slots = torch.tensor([[1, 5, 2, 9, 3, 3, 7]]), torch.arange(7)
+    reference = float_model(tokens, slots).softmax(-1)
+    probs = model(tokens, slots).softmax(-1)
+    tv = 0.5 * (probs - reference).abs().sum(-1)
+    assert tv.max() < 0.05 and tv.max() > 0  # close to the float model, and really a different model
+    assert model_fingerprint(model) == model_fingerprint(float_model)
+    # Incremental decoding on the int8 model equals its own full forward (the cache holds the same K/V).
+    last = model(tokens[:, -1:], slots[-1:])
+    model.setup_cache(64)
+    model(tokens[:, :-1], slots[:-1])
+    torch.testing.assert_close(model(tokens[:, -1:], slots[-1:]), last, atol=0, rtol=0)
+
+
+def test_quantize_errors_are_value_errors_naming_the_problem(tiny_model, monkeypatch):
+    assert set(QUANTIZE_NAMES) == {"none", "int8"}
+    assert resolve_quantize(None) is None and resolve_quantize("none") is None
+    assert resolve_quantize("int8") == "int8"
+    with pytest.raises(ValueError, match="--quantize must be one of none, int8, got 'int4'"):
+        resolve_quantize("int4", name="--quantize")
+    model = quantize_model(tiny_model(0))
+    with pytest.raises(ValueError, match="already quantised"):
+        quantize_model(model)
+    with pytest.raises(ValueError, match="model must be an executor.model.Transformer"):
+        quantize_model(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="save the float model"):
+        from executor.weights import save_safetensors
+
+        save_safetensors(model, "/nonexistent/never-written")
+    assert int8_unsupported_reason("cpu") is None
+    monkeypatch.setitem(quantize_module._PROBED, "cpu", "_weight_int8pack_mm is not available: no kernel")
+    with pytest.raises(ValueError, match="not supported on cpu .*no kernel"):
+        quantize_model(tiny_model(0))
+
+
+def test_the_probe_reports_a_missing_kernel(monkeypatch):
+    def missing(*args):
+        raise RuntimeError("Could not run '_weight_int8pack_mm' with arguments from the 'Meta' backend\nmore")
+
+    monkeypatch.setattr(quantize_module, "_PROBED", {})
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", missing)
+    reason = int8_unsupported_reason("cpu")
+    assert reason.startswith("_weight_int8pack_mm is not available: Could not run") and "\n" not in reason
+
+
+def int8_tiny(tiny_model, seed: int, **config):
+    return quantize_model(tiny_model(seed, **config))
+
+
+def test_every_greedy_decoder_on_the_int8_model_equals_int8_plain_decoding(tiny_model):
+    target = int8_tiny(tiny_model, 21, vocab_size=16, max_seq_len=128)
+    draft_model = int8_tiny(tiny_model, 22, vocab_size=16, max_seq_len=128)
+    decoders = {
+        **test_decoders.greedy_decoders(target, draft_model),
+        **{f"feature-{k}": v for k, v in test_drafters_feature.greedy_decoders(target).items()},
+        "chain-ngram": ChainDecoder(target, PromptLookupDrafter(), gamma=3),
+    }
+    for prompt in ([5], [1, 2, 3, 4], [7, 7, 1, 9, 7, 7]):
+        reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
+        for name, decoder in decoders.items():
+            result = decoder.generate(prompt, 40)
+            assert result.token_ids == reference, name
+            assert any(len(step.tokens) > 1 for step in result.steps), name  # it really drafted
+
+
+@pytest.mark.slow  # 1000 generations, like the float decoders' law tests
+def test_chain_decoding_on_the_int8_model_reproduces_the_int8_models_exact_law(tiny_model):
+    target = quantize_model(test_decoders.flat_tiny_model(tiny_model, 3))
+    draft = quantize_model(test_decoders.flat_tiny_model(tiny_model, 4))
+    law = test_decoders.exact_law(target, Sampling(temperature=1.0))
+    float_law = test_decoders.exact_law(
+        test_decoders.flat_tiny_model(tiny_model, 3), Sampling(temperature=1.0)
+    )
+    decoder = test_decoders.make_decoder("chain-model", target, draft)
+    samples = test_decoders.sample_outcomes(decoder, seed=11)
+    assert test_decoders.outcome_p_value(samples, law) > test_decoders.P_THRESHOLD
+    assert 0.5 * abs(law - float_law).sum() > 0  # the int8 law is its own
+
+
+def int8_greedy_deviations(model, prompt: list[int], output: list[int]) -> list[tuple[int, float, float]]:
+    """Positions where ``output`` is not the int8 model's argmax given its prefix: (index, top-two gap, top).
+
+    The int8 LM head returns bfloat16 logits, so two logits within one bfloat16 step (relative 2**-8) of each
+    other are a tie that the summation order of a differently shaped product may flip; a decoder is greedy if
+    every deviation is such a near-tie (the float decoders' rule, at bfloat16 resolution).
+    """
+    tokens = prompt + output
+    model.setup_cache(len(tokens))
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens[:-1]]), torch.arange(len(tokens) - 1))[0, len(prompt) - 1 :]
+    top = torch.topk(logits, 2, dim=-1)
+    deviations = []
+    for index, token in enumerate(output):
+        if token != int(top.indices[index, 0]):
+            assert token == int(top.indices[index, 1]), f"token {index} is not even the runner-up"
+            value = float(top.values[index, 0])
+            deviations.append((index, value - float(top.values[index, 1]), value))
+    return deviations
+
+
+@pytest.mark.slow
+def test_int8_smollm_chain_decoders_equal_int8_plain_decoding():
+    from executor.drafters import EarlyExitDrafter
+    from executor.weights import load_model
+    from experiments.prompts import humaneval_prompts
+
+    model, tokenizer = load_model(device="cpu", dtype=torch.float32, quantize="int8")
+    assert model.quantization == "int8"
+    for text in humaneval_prompts(2):
+        prompt = tokenizer.encode(text)
+        for decoder in (
+            AutoregressiveDecoder(model),
+            ChainDecoder(model, PromptLookupDrafter(), gamma=4),
+            ChainDecoder(model, EarlyExitDrafter(model, 10), gamma=2),
+        ):
+            output = decoder.generate(prompt, 24).token_ids
+            assert len(output) == 24
+            for index, gap, top in int8_greedy_deviations(model, prompt, output):
+                assert gap <= 2**-8 * abs(top), f"token {index} leaves int8 greedy decoding (gap {gap:.2e})"
+    # Negative control: sampled tokens are not argmaxes, and the check says so.
+    prompt = tokenizer.encode(humaneval_prompts(1)[0])
+    sampled = AutoregressiveDecoder(model, sampling=Sampling(temperature=1.5)).generate(
+        prompt, 16, generator=torch.Generator().manual_seed(0)
+    )
+    with pytest.raises(AssertionError):
+        for _, gap, top in int8_greedy_deviations(model, prompt, sampled.token_ids):
+            assert gap <= 2**-8 * abs(top)
+
+
+def test_the_cli_choices_and_generate_agree_with_the_quantize_names(tiny_model):
+    from executor.generate import generate
+    from experiments.commands import QUANTIZE_CHOICES
+
+    assert QUANTIZE_CHOICES == QUANTIZE_NAMES
+    with pytest.raises(ValueError, match=r"quantize 'int8' differs from the given model's \(none\)"):
+        generate("x", model=tiny_model(0), tokenizer=object(), quantize="int8")
+    with pytest.raises(ValueError, match="quantize must be one of none, int8"):
+        generate("x", quantize="int4")
