@@ -91,9 +91,16 @@ class FeatureHead(nn.Module):
         return self.layer(self.fc(inputs), cos.to(dtype), sin.to(dtype), cache_positions, attention_mask)
 
     def logits(self, target, features: torch.Tensor, *, full: bool = True) -> torch.Tensor:
-        """Draft logits from features; ``full`` scatters them into ``V`` columns with ``-inf`` outside ``V'``."""
+        """Draft logits from features; ``full`` scatters them into ``V`` columns with ``-inf`` outside ``V'``.
+
+        On a quantised target (:mod:`executor.quantize`) the full vocabulary goes through the target's int8 LM
+        head (:meth:`executor.model.Transformer.lm_head`; measured faster than the float rows in
+        ``docs/benchmarks/int8.md``); otherwise, and for a reduced vocabulary, through the float rows.
+        """
         weight = target.tok_embeddings.weight if target.output is None else target.output.weight
         reduced = self.reduced
+        if not reduced and target.quantized_head is not None:
+            return target.lm_head(target.norm(features.to(weight.dtype))).float()
         if reduced:
             weight = weight[self.vocab] if not hasattr(self, "_weight_cache") else self._weight_cache
         logits = F.linear(target.norm(features.to(weight.dtype)), weight).float()
