@@ -32,6 +32,7 @@ class MethodsConfig:
     methods: tuple[str, ...] = ()
     model: str | None = None
     dtype: str = "float32"
+    quantize: str = "none"  # "int8": the int8 model is the target (executor.quantize)
     calibration: int = 3
     prompts: int = 6
     max_new_tokens: int = 48
@@ -39,7 +40,10 @@ class MethodsConfig:
     options: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        settings = asdict(self)
+        if settings["quantize"] == "none":  # runs written before --quantize existed keep their fingerprint
+            del settings["quantize"]
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 QUICK = {"calibration": 1, "prompts": 2, "max_new_tokens": 16}
@@ -165,7 +169,9 @@ def run_methods(
     if model is None:
         from executor.weights import load_model
 
-        model, tokenizer = load_model(config.model, dtype=getattr(torch, config.dtype))
+        model, tokenizer = load_model(
+            config.model, dtype=getattr(torch, config.dtype), quantize=config.quantize
+        )
     needed = config.calibration + config.prompts
     if prompt_ids is None:
         from experiments.prompts import humaneval_prompts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from experiments.commands import add_quantize_argument
+
 HELP = "run the seed papers' methods side by side with plain decoding and the theory's predictions"
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -11,6 +13,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="1 calibration + 2 held-out prompts, 16 tokens")
     parser.add_argument("--only", default=None, help="comma-separated method names (default: all)")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    add_quantize_argument(parser)
     parser.add_argument("--model", default=None, help="a .gguf file or Hugging Face llama directory")
     parser.add_argument("--calibration", type=int, default=None, help="calibration prompts (default 3)")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6)")
@@ -47,7 +50,12 @@ def config_from_args(args):
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             sizes[name] = value
     return MethodsConfig(
-        methods=parse_methods(args.only), model=args.model, dtype=args.dtype, seed=args.seed, **sizes
+        methods=parse_methods(args.only),
+        model=args.model,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        seed=args.seed,
+        **sizes,
     )
 
 

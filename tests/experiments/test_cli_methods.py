@@ -95,3 +95,16 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     # Other settings in the same directory are refused, naming --restart.
     assert main([*arguments, "--only", "dyspec"]) == 2
     assert "--restart" in capsys.readouterr().err
+
+
+def test_every_method_runs_on_an_int8_target_and_stays_greedy(tiny_checkpoint, tmp_path, capsys):
+    # The int8 model is the target: lossless methods must reproduce its own greedy text.
+    out = tmp_path / "int8"
+    arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--quantize", "int8"]
+    assert main(arguments) == 0
+    report = json.loads((out / "methods.json").read_text())
+    assert json.loads((out / "config.json").read_text())["config"]["quantize"] == "int8"
+    greedy = [row for row in report["rows"] if row["lossless"] and row["temperature"] == 0]
+    assert len(greedy) == len(methods.names()) - 1  # code-completion is not lossless
+    assert all(row["greedy_identical"] is True for row in greedy)
