@@ -48,7 +48,9 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("validate") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            executor.weights, "load_model", lambda source=None, dtype=None: (model, CharacterTokenizer())
+            executor.weights,
+            "load_model",
+            lambda source=None, dtype=None, quantize=None: (model, CharacterTokenizer()),
         )
         patch.setattr(
             experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
