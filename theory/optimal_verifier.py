@@ -46,7 +46,7 @@ from theory._race import fit_log_weights
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
-__all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_verifier"]
+__all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_tables", "optimal_verifier"]
 
 #: Prefixes whose gap is within this of the minimum count as tight (they become class cuts).
 TIGHT = 1e-13
@@ -272,6 +272,23 @@ def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> Optim
         _build_row(row_p, row_q, n, float(group_below)) for row_p, row_q in zip(flat_p, flat_q, strict=True)
     ]
     return OptimalVerifier(p, q, n, tables, batch_shape)
+
+
+def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float | None = None) -> _Tables:
+    """The build of :func:`optimal_verifier` for one row, without its input checks: the executor's entry point.
+
+    ``p``, ``q`` are float64 arrays ``(V,)`` already known to be distributions (renormalised here only if
+    their sums are off by more than 1e-13), ``n >= 1``. Returns the row's tables: ``marginal``, ``class_id``,
+    ``log_weight``, ``acceptance``, ``alpha_star``, ``minimiser_size``.
+    """
+    p_sum, q_sum = float(p.sum()), float(q.sum())
+    if abs(p_sum - 1.0) > 1e-13:
+        p = p / p_sum
+    if abs(q_sum - 1.0) > 1e-13:
+        q = q / q_sum
+    if group_below is None:
+        group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
+    return _build_row(p, q, n, float(group_below))
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
