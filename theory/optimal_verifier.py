@@ -481,29 +481,68 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
         labels, unit_q = np.arange(size), qs
     else:
         labels = _units(capped, qs, slack, bins)
-        unit_q = np.bincount(labels, weights=qs)
-        extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
-        (np.minimum if above else np.maximum).at(extreme, labels, ratio)
-        order = np.argsort(extreme)
-        level = _fill_level(extreme[order], unit_q[order], mass, above)
-        if np.isfinite(level):
-            unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
-            at_level = extreme >= level if above else extreme <= level
-            _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
-            unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
-            labels = relabel[labels]
-            unit_q = np.bincount(labels, weights=qs)
-        else:
-            order = np.argsort(ratio, kind="stable")
-            level = _fill_level(ratio[order], qs[order], mass, above)
-            target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
-            unit_target = np.bincount(labels, weights=target)
+        for attempt in range(4):
+            labels, unit_q, unit_target = _unit_targets(labels, qs, ratio, capped, mass, above)
+            if attempt == 3:
+                break
+            # Targets that leave the race polytope on a chain of units sorted by target/Q (units straddling a
+            # nearly tight prefix: r(T) >= (x + Q(T))^n - x^n above, r(T) <= mass - ((x + Q(C \ T))^n - x^n)
+            # below) are repaired by splitting every unit of several items up to the last violated prefix.
+            wrong = _chain_violations(unit_q, unit_target, lower, mass, n, above)
+            wrong &= np.bincount(labels, minlength=unit_q.shape[0]) > 1
+            if not wrong.any():
+                break
+            split = wrong[labels]
+            labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
+            _, labels = np.unique(labels, return_inverse=True)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
     unit_target *= mass / unit_target.sum()
     log_weights, unit_r = fit_log_weights(lower, unit_q, unit_target, n)
     unit_r *= mass / unit_r.sum()  # the exact marginal sums to mass; removes the common-mode quadrature error
     return qs * (unit_r / unit_q)[labels], log_weights[labels]
+
+
+def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, above: bool) -> np.ndarray:
+    """Units on the chain (by target/Q, ascending above, descending below) up to its last prefix whose
+    target leaves the race polytope."""
+    order = np.argsort(unit_target / unit_q)
+    if not above:
+        order = order[::-1]
+    head_q = np.cumsum(unit_q[order])
+    head_t = np.cumsum(unit_target[order])
+    if above:
+        deficit = _power_difference(lower + head_q, np.full_like(head_q, lower), head_q, n) - head_t
+    else:
+        rest = np.r_[np.cumsum(unit_q[order][::-1])[::-1][1:], 0.0]  # Q(C \ T_k) as a sum
+        deficit = head_t - (mass - _power_difference(lower + rest, np.full_like(rest, lower), rest, n))
+    bad = np.flatnonzero(deficit > 1e-15 * mass)
+    wrong = np.zeros(unit_q.shape[0], dtype=bool)
+    if bad.size:
+        wrong[order[: bad[-1] + 1]] = True
+    return wrong
+
+
+def _unit_targets(labels, qs, ratio, capped, mass: float, above: bool):
+    r"""Unit masses and water-filled unit targets :math:`\rho_u Q_u`, :math:`\rho_u = \min(m_u, c')` (``above``,
+    :math:`m_u` the unit's smallest ratio bound; mirror image below), units at the level merged; the item-level
+    fill summed per unit when no level reaches ``mass``. Returns the (relabelled) labels too."""
+    unit_q = np.bincount(labels, weights=qs)
+    extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
+    (np.minimum if above else np.maximum).at(extreme, labels, ratio)
+    order = np.argsort(extreme)
+    level = _fill_level(extreme[order], unit_q[order], mass, above)
+    if np.isfinite(level):
+        unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
+        at_level = extreme >= level if above else extreme <= level
+        _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
+        unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
+        labels = relabel[labels]
+        return labels, np.bincount(labels, weights=qs), unit_target
+    order = np.argsort(ratio, kind="stable")
+    level = _fill_level(ratio[order], qs[order], mass, above)
+    target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
+    return labels, unit_q, np.bincount(labels, weights=target)
 
 
 class RuntimeOptimalVerifier(Verifier):

@@ -132,3 +132,33 @@ def test_real_top_token_pairs_grouped_match_the_reference():
 def test_bad_group_below_is_rejected():
     with pytest.raises(ValueError, match="group_below"):
         optimal_verifier([0.5, 0.5], [0.5, 0.5], 2, group_below=-1.0)
+
+
+def test_units_straddling_a_nearly_tight_prefix_are_split_to_reach_alpha_star():
+    """Regression (issue #9 benchmark): the 4th synthetic V = 151936 pair of the benchmark's seed at T = 0.7,
+    n = 2, has a class just above a chain of tight prefixes whose water-filled unit targets left the race
+    polytope on a chain of units (shortfall 1.2e-7, and 1.7e-10 on the 10th); splitting the units up to the
+    last violated prefix reaches alpha* to round-off, in both the grouped and the token-by-token builds."""
+    rng = np.random.default_rng(20251123)
+    pairs = []
+    for _ in range(10):
+        logits = 3.0 * rng.standard_normal(151_936)
+        draft = logits + 1.5 * rng.standard_normal(151_936)
+        pairs.append(
+            (
+                _normalised(np.exp((logits - logits.max()) / 0.7)),
+                _normalised(np.exp((draft - draft.max()) / 0.7)),
+            )
+        )
+    for index in (3, 9):
+        p, q = pairs[index]
+        for group_below in (None, 0.0):
+            v = optimal_verifier(p, q, 2, group_below=group_below)
+            assert v.shortfall <= 1e-13, (index, group_below, v.shortfall)
+    # The repair is what reaches it: without the chain check the same pair falls short.
+    chain = module._chain_violations
+    try:
+        module._chain_violations = lambda unit_q, *args: np.zeros(unit_q.shape[0], dtype=bool)
+        assert optimal_verifier(*pairs[3], 2).shortfall > 1e-8
+    finally:
+        module._chain_violations = chain
