@@ -1,8 +1,9 @@
 """The run-time optimal multi-draft verifier in torch: the executor's twin of :func:`theory.optimal_verifier`.
 
 The build (priority classes, race weights and the exact selection marginal ``r``) runs in numpy on the host,
-one row at a time (:func:`theory.optimal_verifier`); the step itself runs in torch on the tensors' device with
-the caller's :class:`torch.Generator`:
+one row at a time (:func:`theory.optimal_verifier.optimal_tables`, on the tensors' own memory when they are
+float64 on the CPU: numpy measured faster than torch for its few-hundred-item fit and its bincounts); the step
+itself runs in torch on the tensors' device with the caller's :class:`torch.Generator`:
 
 1. among the drafts in the highest priority class present, select draft ``i`` with probability
    :math:`w(x_i) / \\sum_j w(x_j)` (the law of the first exponential clock to ring);
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from executor.sampling import _draw
-from theory.optimal_verifier import optimal_verifier
+from theory.optimal_verifier import optimal_tables
 
 __all__ = ["build_tables", "verify_optimal"]
 
@@ -27,20 +28,24 @@ __all__ = ["build_tables", "verify_optimal"]
 def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     """The per-row tables of the numpy build, as float64/int64 tensors on ``p``'s device.
 
-    Keys: ``class_id``, ``log_weight``, ``marginal`` (``r``), ``residual``; each of shape ``p.shape``.
+    Keys: ``class_id``, ``log_weight``, ``marginal`` (``r``), each of shape ``p.shape``. On the CPU the rows
+    are handed to numpy and back without copies (float64 tensors share memory with their arrays); the
+    residual :math:`(p - r)_+` is left to :func:`verify_optimal`, which forms it only on a rejection.
     """
-    flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    vocab = p.shape[-1]
+    flat_p, flat_q = p.reshape(-1, vocab), q.reshape(-1, vocab)
     # A batch of one repeated pair (Monte Carlo over many steps of one position) is built once.
     repeated = flat_p.shape[0] > 1 and bool((flat_p == flat_p[:1]).all() and (flat_q == flat_q[:1]).all())
-    if repeated:
-        flat_p, flat_q = flat_p[:1], flat_q[:1]
-    built = optimal_verifier(
-        flat_p.detach().cpu().double().numpy(), flat_q.detach().cpu().double().numpy(), n
-    )
+    rows = 1 if repeated else flat_p.shape[0]
+    host_p = flat_p[:rows].detach().to("cpu", torch.float64).numpy()
+    host_q = flat_q[:rows].detach().to("cpu", torch.float64).numpy()
+    built = [optimal_tables(host_p[i], host_q[i], n) for i in range(rows)]
     tables = {}
-    for key in ("class_id", "log_weight", "marginal", "residual"):
-        value = torch.as_tensor(np.asarray(getattr(built, key)), device=p.device)
-        tables[key] = value.expand(p.reshape(-1, p.shape[-1]).shape).reshape(p.shape)
+    for key in ("class_id", "log_weight", "marginal"):
+        value = torch.from_numpy(
+            np.stack([getattr(b, key) for b in built]) if rows > 1 else getattr(built[0], key)
+        )
+        tables[key] = value.to(p.device).expand(flat_p.shape).reshape(p.shape)
     return tables
 
 
@@ -80,4 +85,11 @@ def verify_optimal(
     target = p.gather(-1, selected.unsqueeze(-1)).squeeze(-1)
     uniform = torch.rand(selected.shape, generator=generator, device=p.device, dtype=torch.float64)
     accept = accepts(uniform, target, r)
-    return torch.where(accept, selected, _draw(tables["residual"], generator))
+    if bool(accept.all()):  # the residual is only formed (and drawn from) when a row rejects
+        return selected
+    residual = tables.get("residual")
+    if residual is None:
+        residual = (p.to(torch.float64) - tables["marginal"]).clamp_min(0.0)
+        empty = residual.sum(dim=-1, keepdim=True) <= 0  # r = p: a row that never rejects
+        residual = torch.where(empty, p.to(torch.float64), residual)
+    return torch.where(accept, selected, _draw(residual, generator))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 #: Trapezoid step in ``s = ln t``.
-STEP = 0.2
+STEP = 0.25
 #: Window of the clock values ``w t``: from ``exp(LOW)`` for the largest weight to ``exp(HIGH)`` for the smallest.
 LOW, HIGH = -42.0, 4.0
 #: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
@@ -112,28 +112,33 @@ def race_potential(lower: float, masses: np.ndarray, log_weights: np.ndarray, n:
     return float(STEP * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
 
 
-def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int) -> np.ndarray:
+def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int):
     r"""Log-weights whose race marginal is (as close as Newton gets to) ``target``, for one class.
 
     ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Minimises the convex :math:`\Psi(\lambda) =`
     :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` by Newton
     steps (the gradient :math:`r - r^*` sums to zero and the Hessian has the null vector ``1``, fixed by
     adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm and halved until
-    :math:`\Psi` or :math:`\|r - r^*\|_1` decreases (the second guards the round-off floor of
-    :math:`\Psi`). Returns the log-weights with the smallest :math:`\|r - r^*\|_1` seen.
+    :math:`\|r - r^*\|_1` or :math:`\Psi` decreases (:math:`\Psi` is evaluated only when the error does not
+    drop; the error guards the round-off floor of :math:`\Psi`). Returns the log-weights with the smallest
+    :math:`\|r - r^*\|_1` seen and their marginal.
     """
     units = masses.shape[0]
     log_weights = np.log(target / masses)
     log_weights -= log_weights.max()
     if units == 1:
-        return log_weights
+        return log_weights, race_marginal(lower, masses, log_weights, n)
 
     def evaluate(lw):
         r = race_marginal(lower, masses, lw, n)
-        return r, np.abs(r - target).sum(), race_potential(lower, masses, lw, n) - target @ lw
+        return r, np.abs(r - target).sum()
 
-    r, error, psi = evaluate(log_weights)
-    best = (error, log_weights)
+    def potential(lw):
+        return race_potential(lower, masses, lw, n) - target @ lw
+
+    r, error = evaluate(log_weights)
+    best = (error, log_weights, r)
+    psi = None  # Psi is only needed when a step does not reduce the error
     for _ in range(MAX_ITERATIONS):
         if error <= TOLERANCE:
             break
@@ -155,16 +160,20 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
         for _ in range(MAX_HALVINGS):
             trial = log_weights + step
             trial -= trial.max()
-            trial_r, trial_error, trial_psi = evaluate(trial)
-            if trial_psi < psi or trial_error < error:
+            trial_r, trial_error = evaluate(trial)
+            if trial_error < error:
+                break
+            if psi is None:
+                psi = potential(log_weights)
+            if potential(trial) < psi:
                 break
             step *= 0.5
         else:
             break
         stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
-        log_weights, r, error, psi = trial, trial_r, trial_error, trial_psi
+        log_weights, r, error, psi = trial, trial_r, trial_error, None
         if error < best[0]:
-            best = (error, log_weights)
+            best = (error, log_weights, r)
         if stalled:
             break
-    return best[1]
+    return best[1], best[2]

@@ -37,14 +37,16 @@ comes from the piecewise-linear fill, not a bisection (which loses all resolutio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from theory._race import fit_log_weights, race_marginal
+from theory import _buckets
+from theory._race import fit_log_weights
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
-__all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_verifier"]
+__all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_tables", "optimal_verifier"]
 
 #: Prefixes whose gap is within this of the minimum count as tight (they become class cuts).
 TIGHT = 1e-13
@@ -56,6 +58,8 @@ OWN_UNIT_MASS = 1e-4
 BINS, RETRY_BINS = 96, 384
 #: A build whose shortfall exceeds this is rebuilt once with ``RETRY_BINS``.
 RETRY_SHORTFALL = 1e-9
+#: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
+GROUP_BELOW = OWN_UNIT_MASS
 #: Block length of the prefix sums.
 BLOCK = 256
 
@@ -67,6 +71,7 @@ class _Tables:
     marginal: np.ndarray  # r (V,)
     class_id: np.ndarray  # (V,) int, -1 where q = 0; larger = higher priority
     log_weight: np.ndarray  # (V,) race log-weights, -inf where q = 0
+    acceptance: float  # sum min(p, r)
     alpha_star: float
     minimiser_size: int
 
@@ -91,29 +96,37 @@ class OptimalVerifier:
     class_id, log_weight : ndarray (..., V)
         Priority class of each token (``-1`` where ``q = 0``) and its race log-weight.
     accept_probability : ndarray (..., V)
-        :math:`\min(1, p/r)` (1 where ``r = 0``).
+        :math:`\min(1, p/r)` (1 where ``r = 0``; computed on first use).
     residual : ndarray (..., V)
-        :math:`(p - r)_+ / \|(p - r)_+\|_1` (``p`` where ``p = r``, a row never reached).
+        :math:`(p - r)_+ / \|(p - r)_+\|_1` (``p`` where ``p = r``, a row never reached; computed on first
+        use).
     """
 
     def __init__(self, p: np.ndarray, q: np.ndarray, n: int, tables: list[_Tables], batch_shape: tuple):
         vocab = p.shape[-1]
         self.p, self.q, self.n, self.batch_shape = p, q, n, batch_shape
         shape = (*batch_shape, vocab)
-        self.marginal = np.stack([t.marginal for t in tables]).reshape(shape)
-        self.class_id = np.stack([t.class_id for t in tables]).reshape(shape)
-        self.log_weight = np.stack([t.log_weight for t in tables]).reshape(shape)
+        self.marginal = _stack([t.marginal for t in tables]).reshape(shape)
+        self.class_id = _stack([t.class_id for t in tables]).reshape(shape)
+        self.log_weight = _stack([t.log_weight for t in tables]).reshape(shape)
         alpha = np.array([t.alpha_star for t in tables]).reshape(batch_shape)
-        r = self.marginal
-        self.acceptance = _scalar(np.minimum(p, r).sum(axis=-1))
+        accepted = np.array([t.acceptance for t in tables]).reshape(batch_shape)
+        self.acceptance = _scalar(accepted)
         self.alpha_star = _scalar(alpha)
-        self.shortfall = _scalar(np.maximum(alpha - np.minimum(p, r).sum(axis=-1), 0.0))
+        self.shortfall = _scalar(np.maximum(alpha - accepted, 0.0))
         self.minimiser_size = _scalar(np.array([t.minimiser_size for t in tables]).reshape(batch_shape))
+
+    @cached_property
+    def accept_probability(self) -> np.ndarray:
+        r = self.marginal
         with np.errstate(divide="ignore", invalid="ignore"):
-            self.accept_probability = np.where(r > 0, np.minimum(1.0, p / np.where(r > 0, r, 1.0)), 1.0)
-        excess = np.maximum(p - r, 0.0)
+            return np.where(r > 0, np.minimum(1.0, self.p / np.where(r > 0, r, 1.0)), 1.0)
+
+    @cached_property
+    def residual(self) -> np.ndarray:
+        excess = np.maximum(self.p - self.marginal, 0.0)
         total = excess.sum(axis=-1, keepdims=True)
-        self.residual = np.where(total > 0, excess / np.where(total > 0, total, 1.0), p)
+        return np.where(total > 0, excess / np.where(total > 0, total, 1.0), self.p)
 
     def __repr__(self) -> str:
         return f"OptimalVerifier(n={self.n}, batch_shape={self.batch_shape}, shortfall={self.shortfall})"
@@ -212,7 +225,7 @@ class OptimalVerifier:
         return (out, selected.reshape(out.shape)) if return_selected else out
 
 
-def optimal_verifier(p, q, n: int) -> OptimalVerifier:
+def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> OptimalVerifier:
     r"""Build the run-time optimal verifier for ``n`` i.i.d. drafts from ``q`` and target ``p``.
 
     Exactly lossless for any weights (the single-draft step runs against the exact selection marginal
@@ -226,6 +239,12 @@ def optimal_verifier(p, q, n: int) -> OptimalVerifier:
         Target and draft distributions; leading axes broadcast and are built row by row.
     n : int
         Drafts per step, ``>= 1`` (``n = 1`` is speculative sampling, ``r = q``).
+    group_below : float, optional
+        Tokens with ``max(p, q)`` below this that lie provably far from every nearly tight prefix share a
+        ratio-bucket item (:mod:`theory._buckets`; default :data:`GROUP_BELOW` when ``V >``
+        :data:`MAX_OWN_UNITS`, else 0; ``0`` builds token by token in the exact ratio order, the reference
+        path). Exactness never depends on it; if grouping would cost more than
+        :data:`RETRY_SHORTFALL` of acceptance, the row is rebuilt token by token.
 
     Returns
     -------
@@ -245,8 +264,35 @@ def optimal_verifier(p, q, n: int) -> OptimalVerifier:
     q = q / q.sum(axis=-1, keepdims=True)
     batch_shape = p.shape[:-1]
     flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
-    tables = [_build_row(row_p, row_q, n) for row_p, row_q in zip(flat_p, flat_q, strict=True)]
+    if group_below is None:
+        group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
+    elif not 0.0 <= group_below <= np.inf:
+        raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
+    tables = [
+        _build_row(row_p, row_q, n, float(group_below)) for row_p, row_q in zip(flat_p, flat_q, strict=True)
+    ]
     return OptimalVerifier(p, q, n, tables, batch_shape)
+
+
+def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float | None = None) -> _Tables:
+    """The build of :func:`optimal_verifier` for one row, without its input checks: the executor's entry point.
+
+    ``p``, ``q`` are float64 arrays ``(V,)`` already known to be distributions (renormalised here only if
+    their sums are off by more than 1e-13), ``n >= 1``. Returns the row's tables: ``marginal``, ``class_id``,
+    ``log_weight``, ``acceptance``, ``alpha_star``, ``minimiser_size``.
+    """
+    p_sum, q_sum = float(p.sum()), float(q.sum())
+    if abs(p_sum - 1.0) > 1e-13:
+        p = p / p_sum
+    if abs(q_sum - 1.0) > 1e-13:
+        q = q / q_sum
+    if group_below is None:
+        group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
+    return _build_row(p, q, n, float(group_below))
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    return rows[0] if len(rows) == 1 else np.stack(rows)
 
 
 def _scalar(value: np.ndarray):
@@ -282,62 +328,76 @@ def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: in
     return mass * total
 
 
-def _build_row(p: np.ndarray, q: np.ndarray, n: int) -> _Tables:
+def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tables:
     vocab = p.shape[-1]
+    positive = q > 0
+    full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
+    support = None if full else np.flatnonzero(positive)
+    if n == 1:
+        class_id = np.where(positive, 0, -1)
+        log_weight = np.where(positive, 0.0, -np.inf)
+        alpha = float(np.minimum(p, q).sum())
+        return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
+    ps, qs = (p, q) if full else (p[support], q[support])
+    if group_below > 0:
+        built = _build_items(_buckets.bucketed(ps, qs, n, group_below, TIGHT), n)
+        if built[4] - built[3] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
+            built = _build_items(_buckets.singletons(ps, qs), n)
+    else:
+        built = _build_items(_buckets.singletons(ps, qs), n)
+    r_support, classes, logs, accepted, alpha, minimiser = built
+    if full:
+        return _Tables(r_support, classes, logs, accepted, alpha, minimiser)
+    r = np.zeros(vocab)
     class_id = np.full(vocab, -1, dtype=np.int64)
     log_weight = np.full(vocab, -np.inf)
-    support = np.flatnonzero(q > 0)
-    if n == 1:
-        class_id[support], log_weight[support] = 0, 0.0
-        alpha = float(np.minimum(p, q).sum())
-        return _Tables(q.copy(), class_id, log_weight, alpha, int(np.sum(p < q)))
-    ps, qs = p[support], q[support]
-    order = np.argsort(ps / qs)
-    tokens, ps, qs = support[order], ps[order], qs[order]
-    size = tokens.shape[0]
+    r[support], class_id[support], log_weight[support] = r_support, classes, logs
+    return _Tables(r, class_id, log_weight, accepted, alpha, minimiser)
+
+
+def _build_items(items: _buckets.Items, n: int):
+    """Marginal, class and log-weight of every support token from the items (in ratio order), the acceptance
+    sum(min(p, r)), alpha* and the minimiser's size in tokens."""
+    ps, qs = items.p, items.q
+    size = ps.shape[0]
     target_mass = _prefix_sums(ps)
-    draft_mass = _prefix_sums(qs)
-    draft_mass = np.minimum(draft_mass, 1.0)
+    draft_mass = np.minimum(_prefix_sums(qs), 1.0)
     gap = target_mass - draft_mass**n
     best = gap.min()
     alpha = float(np.clip(1.0 + best, 0.0, 1.0))
     cuts = np.flatnonzero(gap <= best + TIGHT)
-    minimiser = int(cuts[np.argmin(gap[cuts])])
-    # Slack of each token: how far the gap at the nearer of its two prefixes is above the minimum.
+    minimiser = int(np.r_[0, np.cumsum(items.count)][cuts[np.argmin(gap[cuts])]])
+    # Slack of each item: how far the gap at the nearer of its two prefixes is above the minimum.
     slack = np.minimum(gap[:-1], gap[1:]) - best
-    slack = slack.astype(np.float64)
     bounds = np.unique(np.r_[0, cuts, size])
-    r_sorted = np.zeros(size)
-    classes = np.zeros(size, dtype=np.int64)
-    logs = np.zeros(size)
     lows, highs = bounds[:-1], bounds[1:]
-    low_mass = draft_mass[lows].astype(np.float64)
-    high_mass = draft_mass[highs].astype(np.float64)
-    class_q = np.array([qs[a:b].sum() for a, b in zip(lows, highs, strict=True)])
+    low_mass, high_mass = draft_mass[lows], draft_mass[highs]
+    class_q = np.add.reduceat(qs, lows)
     selected = _power_difference(high_mass, low_mass, class_q, n)
-    for index, (a, b) in enumerate(zip(lows, highs, strict=True)):
-        classes[a:b] = index
-        if b - a == 1:
-            r_sorted[a] = selected[index]
-            continue
-        r_sorted[a:b], logs[a:b] = _fit_class(
-            ps[a:b], qs[a:b], slack[a:b], low_mass[index], selected[index], n, BINS
-        )
-    r = np.zeros(vocab)
-    r[tokens] = r_sorted
-    shortfall = alpha - np.minimum(p, r).sum()
-    if shortfall > RETRY_SHORTFALL and size > MAX_OWN_UNITS:
+    classes = np.repeat(np.arange(lows.shape[0]), highs - lows)
+    r_items, logs = np.zeros(size), np.zeros(size)
+
+    def fit(bins):
         for index, (a, b) in enumerate(zip(lows, highs, strict=True)):
-            if b - a > MAX_OWN_UNITS:
-                r_sorted[a:b], logs[a:b] = _fit_class(
-                    ps[a:b], qs[a:b], slack[a:b], low_mass[index], selected[index], n, RETRY_BINS
+            if b - a == 1 and items.single[a]:
+                r_items[a] = selected[index]
+            elif bins == BINS or b - a > MAX_OWN_UNITS or not items.single[a:b].all():
+                r_items[a:b], logs[a:b] = _fit_class(
+                    items, a, b, slack[a:b], low_mass[index], selected[index], n, bins
                 )
-        retry = np.zeros(vocab)
-        retry[tokens] = r_sorted
-        if alpha - np.minimum(p, retry).sum() < shortfall:
-            r = retry
-    class_id[tokens], log_weight[tokens] = classes, logs
-    return _Tables(r, class_id, log_weight, alpha, minimiser)
+        # r_y = q_y r_i / q_i: a group's tokens share its selection in proportion to q (exact for a single).
+        r = items.q_tokens * (r_items / qs)[items.item]
+        return r, float(np.minimum(items.p_tokens, r).sum())
+
+    r, accepted = fit(BINS)
+    if alpha - accepted > RETRY_SHORTFALL and size > MAX_OWN_UNITS:
+        first = r_items.copy(), logs.copy()
+        retry, retry_accepted = fit(RETRY_BINS)
+        if retry_accepted > accepted:
+            r, accepted = retry, retry_accepted
+        else:
+            r_items[:], logs[:] = first
+    return r, classes[items.item], logs[items.item], accepted, alpha, minimiser
 
 
 def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool) -> float:
@@ -394,50 +454,95 @@ def _units(ps: np.ndarray, qs: np.ndarray, slack: np.ndarray, bins: int) -> np.n
     return labels
 
 
-def _fit_class(ps, qs, slack, lower: float, mass: float, n: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    r"""Marginal ``r`` and log-weights of one class of at least two tokens (tokens in increasing ``p/q``).
+def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, bins: int):
+    r"""Marginal ``r`` and log-weights of the items ``a:b`` of one class (items in increasing ratio).
 
     Targets: the water-filled :math:`r^* = \min(p, c q)` when ``mass <= p(C)`` (``above``), else
-    :math:`\max(p, c q)`; each token is its own unit in classes of at most :data:`MAX_OWN_UNITS` tokens. In
-    larger classes a unit (:func:`_units`) gets the target :math:`\rho_u Q_u` with
-    :math:`\rho_u = \min(m_u, c')`, :math:`m_u` the smallest ratio in the unit and :math:`c'` refilled at unit
-    level, which keeps :math:`r \le p` on every token (mirror image below: largest ratio, ``max``); units at
-    the level :math:`c'` are merged. When no level reaches ``mass`` (:math:`\alpha^*` close to 1 leaves too
-    little room) the unit targets fall back to the unit sums of :math:`r^*`, a feasible point whose acceptance
-    loss is the reported shortfall.
+    :math:`\max(p, c q)`, with the ratio of a grouped item replaced by its bound (the smallest ratio of its
+    tokens above, the largest below), so that :math:`r \le p` (above) or :math:`r \ge p` (below) holds on every
+    token of the group. Each item is its own unit in classes of at most :data:`MAX_OWN_UNITS` items. In larger
+    classes a unit (:func:`_units`) gets the target :math:`\rho_u Q_u` with :math:`\rho_u = \min(m_u, c')`,
+    :math:`m_u` the smallest ratio bound in the unit and :math:`c'` refilled at unit level (mirror image below:
+    largest, ``max``); units at the level :math:`c'` are merged. When no level reaches ``mass``
+    (:math:`\alpha^*` close to 1 leaves too little room) the unit targets fall back to the unit sums of
+    :math:`r^*`, a feasible point whose acceptance loss is the reported shortfall.
     """
-    ratio = ps / qs
+    ps, qs, single = items.p[a:b], items.q[a:b], items.single[a:b]
     above = mass <= ps.sum()
+    bound = items.low[a:b] if above else items.high[a:b]
+    # p as the fill sees it: exact on single tokens, bound * q on groups.
+    capped = np.where(single, ps, bound * qs)
+    ratio = np.where(single, ps / qs, bound)
     size = ps.shape[0]
     if size <= MAX_OWN_UNITS:
-        level = _fill_level(ratio, qs, mass, above)
-        unit_target = np.minimum(ps, level * qs) if above else np.maximum(ps, level * qs)
+        order = np.argsort(ratio, kind="stable")
+        level = _fill_level(ratio[order], qs[order], mass, above)
+        unit_target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
         labels, unit_q = np.arange(size), qs
     else:
-        labels = _units(ps, qs, slack, bins)
-        unit_q = np.bincount(labels, weights=qs)
-        extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
-        (np.minimum if above else np.maximum).at(extreme, labels, ratio)
-        order = np.argsort(extreme)
-        level = _fill_level(extreme[order], unit_q[order], mass, above)
-        if np.isfinite(level):
-            bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
-            at_level = extreme >= level if above else extreme <= level
-            _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
-            unit_target = np.bincount(relabel, weights=bound * unit_q)
-            labels = relabel[labels]
-            unit_q = np.bincount(labels, weights=qs)
-        else:
-            level = _fill_level(ratio, qs, mass, above)
-            target = np.minimum(ps, level * qs) if above else np.maximum(ps, level * qs)
-            unit_target = np.bincount(labels, weights=target)
+        labels = _units(capped, qs, slack, bins)
+        for attempt in range(4):
+            labels, unit_q, unit_target = _unit_targets(labels, qs, ratio, capped, mass, above)
+            if attempt == 3:
+                break
+            # Targets that leave the race polytope on a chain of units sorted by target/Q (units straddling a
+            # nearly tight prefix: r(T) >= (x + Q(T))^n - x^n above, r(T) <= mass - ((x + Q(C \ T))^n - x^n)
+            # below) are repaired by splitting every unit of several items up to the last violated prefix.
+            wrong = _chain_violations(unit_q, unit_target, lower, mass, n, above)
+            wrong &= np.bincount(labels, minlength=unit_q.shape[0]) > 1
+            if not wrong.any():
+                break
+            split = wrong[labels]
+            labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
+            _, labels = np.unique(labels, return_inverse=True)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
     unit_target *= mass / unit_target.sum()
-    log_weights = fit_log_weights(lower, unit_q, unit_target, n)
-    unit_r = race_marginal(lower, unit_q, log_weights, n)
+    log_weights, unit_r = fit_log_weights(lower, unit_q, unit_target, n)
     unit_r *= mass / unit_r.sum()  # the exact marginal sums to mass; removes the common-mode quadrature error
     return qs * (unit_r / unit_q)[labels], log_weights[labels]
+
+
+def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, above: bool) -> np.ndarray:
+    """Units on the chain (by target/Q, ascending above, descending below) up to its last prefix whose
+    target leaves the race polytope."""
+    order = np.argsort(unit_target / unit_q)
+    if not above:
+        order = order[::-1]
+    head_q = np.cumsum(unit_q[order])
+    head_t = np.cumsum(unit_target[order])
+    if above:
+        deficit = _power_difference(lower + head_q, np.full_like(head_q, lower), head_q, n) - head_t
+    else:
+        rest = np.r_[np.cumsum(unit_q[order][::-1])[::-1][1:], 0.0]  # Q(C \ T_k) as a sum
+        deficit = head_t - (mass - _power_difference(lower + rest, np.full_like(rest, lower), rest, n))
+    bad = np.flatnonzero(deficit > 1e-15 * mass)
+    wrong = np.zeros(unit_q.shape[0], dtype=bool)
+    if bad.size:
+        wrong[order[: bad[-1] + 1]] = True
+    return wrong
+
+
+def _unit_targets(labels, qs, ratio, capped, mass: float, above: bool):
+    r"""Unit masses and water-filled unit targets :math:`\rho_u Q_u`, :math:`\rho_u = \min(m_u, c')` (``above``,
+    :math:`m_u` the unit's smallest ratio bound; mirror image below), units at the level merged; the item-level
+    fill summed per unit when no level reaches ``mass``. Returns the (relabelled) labels too."""
+    unit_q = np.bincount(labels, weights=qs)
+    extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
+    (np.minimum if above else np.maximum).at(extreme, labels, ratio)
+    order = np.argsort(extreme)
+    level = _fill_level(extreme[order], unit_q[order], mass, above)
+    if np.isfinite(level):
+        unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
+        at_level = extreme >= level if above else extreme <= level
+        _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
+        unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
+        labels = relabel[labels]
+        return labels, np.bincount(labels, weights=qs), unit_target
+    order = np.argsort(ratio, kind="stable")
+    level = _fill_level(ratio[order], qs[order], mass, above)
+    target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
+    return labels, unit_q, np.bincount(labels, weights=target)
 
 
 class RuntimeOptimalVerifier(Verifier):

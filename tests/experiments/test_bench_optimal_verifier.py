@@ -1,0 +1,55 @@
+"""experiments.bench_optimal_verifier on tiny inputs: it runs, prints its table and writes valid JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import bench_optimal_verifier as bench
+from tests.experiments.test_real_pairs import ByteTokenizer
+from tests.tiny_models import build_tiny_model
+
+
+def cached_pairs(directory, steps):
+    """Cached 'real' pairs as the benchmark expects them (small random pairs, so no model is loaded)."""
+    rng = np.random.default_rng(0)
+    directory.mkdir()
+    for temperature in (0.7, 1.0):
+        p, q = rng.dirichlet(np.ones(40), size=5), rng.dirichlet(0.3 * np.ones(40), size=5)
+        np.savez(directory / f"smollm2_T{temperature}_steps{steps}.npz", p=p, q=q)
+
+
+def test_benchmark_runs_on_tiny_pairs_and_writes_valid_json(tmp_path, capsys):
+    cached_pairs(tmp_path / "pairs", 3)
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--pairs-dir", str(tmp_path / "pairs"), "--steps", "3", "--synthetic", "1"]
+    assert bench.main([*argv, "--synthetic-vocab", "64", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert len(results["cases"]) == 4 * len(bench.DRAFTS)
+    for label, entry in results["cases"].items():
+        summary = entry["summary"]
+        assert summary["pairs"] == len(entry["rows"]) > 0
+        assert summary["shortfall_max"] <= 1e-9, label
+        assert summary["build_cpu_ms_median"] > 0 and summary["rrs_gap_mean"] >= -1e-12
+        for row in entry["rows"]:
+            assert row["acceptance"] <= row["alpha_star"] + 1e-12
+            assert row["rrs"] <= row["alpha_star"] + 1e-12 and row["kseq"] <= row["alpha_star"] + 1e-12
+    printed = capsys.readouterr().out
+    assert "synthetic V = 64" in printed and "wrote" in printed
+
+
+def test_bad_arguments_exit_non_zero(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--synthetic", "0", "--out", str(tmp_path / "x.json")])
+
+
+def test_end_to_end_on_a_tiny_model_reports_both_verifiers_and_decoders():
+    model = build_tiny_model(0, vocab_size=16, max_seq_len=128)
+    rows = bench.end_to_end(("ab", "cd"), 4, model=model, tokenizer=ByteTokenizer())
+    assert {(r["decoder"], r["verifier"]) for r in rows} == {
+        (d, v) for d in ("multidraft", "tree") for v in ("rrs", "optimal")
+    }
+    for row in rows:
+        assert row["tau"] >= 1.0 and row["cpu_ms_per_step"] > 0 and row["ms_per_token"] > 0
