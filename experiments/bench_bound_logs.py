@@ -171,13 +171,16 @@ def width_table(log: str, ks, ns) -> dict:
     q = np.concatenate([c["q"] for _, c in shard.chunks()]).astype(np.float64)
     p /= p.sum(1, keepdims=True)
     q /= q.sum(1, keepdims=True)
-    from theory import optimal_acceptance
+    from theory import optimal_acceptance, verifier
 
     names = quantity_names(ns)
     truth = {("overlap", 1): np.minimum(p, q).sum(1)}
     for n in ns:
         for draft in ("iid", "wor"):
             truth[draft, n] = optimal_acceptance(p, q, n, draft=draft)
+        for name in ("nss", "naive", "rrs", "kseq", "rrs_wor"):
+            if verifier(name).max_exact_vocab(n) is None:  # rrs_wor's exact value only for n <= 2 at this V
+                truth[name, n] = verifier(name).acceptance(p, q, n)
     table = {"positions": len(p), "vocab_size": int(p.shape[1]), "k": {}}
     for k in ks:
         values, _, _ = _topk_values(top_k_arrays(p, q, k), p.shape[1], names)
