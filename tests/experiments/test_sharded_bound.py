@@ -221,3 +221,18 @@ def test_feature_histograms_of_top_k_logs_bracket_the_full_values(shards):
             low = np.cumsum(group[key]["histogram"]["low"])
             high = np.cumsum(group[key]["histogram"]["high"])
             assert np.all(low >= high) and low[-1] == high[-1] == group["positions"]
+
+
+def test_top_k_chunks_bounded_in_small_blocks_give_the_same_summary(shards, monkeypatch):
+    """Cutting read chunks into row blocks (bounded memory) changes only the summation order."""
+    import experiments.log_bounds as log_bounds
+
+    folder, _ = shards
+    path = str(folder / "top_2.npz")
+    whole = log_bounds.bound_shard(path, NS, verifiers=VERIFIERS)
+    monkeypatch.setattr(log_bounds, "TOPK_BLOCK_ROWS", 2)
+    blocked = log_bounds.bound_shard(path, NS, verifiers=VERIFIERS)
+    assert blocked["positions"] == whole["positions"] == 9
+    assert blocked["hist"] == whole["hist"]
+    for key, pair in whole["sums"].items():
+        assert blocked["sums"][key] == pytest.approx(pair, abs=1e-12)
