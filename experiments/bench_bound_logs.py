@@ -40,15 +40,17 @@ def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> No
     """Shards of ``rows`` positions drawn (with replacement) from a pool of LM-like full rows."""
     folder.mkdir(parents=True, exist_ok=True)
     p_pool, q_pool, rng = pool
+    top = top_k_arrays(p_pool, q_pool, k) if k is not None else None  # the pool's top-k rows, picked below
     for index in range(shards):
         pick = rng.integers(0, len(p_pool), size=rows)
-        p, q = p_pool[pick], q_pool[pick]
         if k is None:
+            p, q = p_pool[pick], q_pool[pick]
             write_full_log(
                 folder / f"shard_{index:03d}.npz", p.astype(np.float32), q.astype(np.float32), temperature=1.0
             )
         else:
-            write_topk_log(folder / f"shard_{index:03d}.npz", top_k_arrays(p, q, k), VOCAB, temperature=1.0)
+            arrays = {name: values[pick] for name, values in top.items()}
+            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, VOCAB, temperature=1.0)
 
 
 def peak_memory(client) -> dict:
@@ -103,6 +105,104 @@ def timed_runs(folder: Path, ns, verifiers, rounds: int) -> dict:
         "scaling_2_over_1": best[1] / best[2],
         "peak_worker_rss_mb": {w: m / 2**20 for w, m in memory.items()},
         "scheduler_seconds_per_task": overhead,
+    }
+
+
+def timed_shard(path, *arguments) -> dict:
+    """:func:`experiments.log_bounds.safe_bound_shard` plus its CPU and wall seconds and the worker's pid."""
+    from experiments.log_bounds import safe_bound_shard
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = safe_bound_shard(path, *arguments)
+    result["timing"] = {
+        "cpu_seconds": time.process_time() - cpu,
+        "wall_seconds": time.perf_counter() - wall,
+        "pid": os.getpid(),
+    }
+    return result
+
+
+def _warm_up() -> None:
+    import experiments.log_bounds  # noqa: F401
+    import theory.truncated_verifiers  # noqa: F401
+
+
+def scaling_runs(folder: Path, ns, verifiers, rounds: int, wor_low: str) -> dict:
+    """1 vs 2 workers, interleaved, with per-task CPU time: separates our code's cost from the machine's load.
+
+    Per run: wall seconds of ``run_sharded``; the summed task CPU seconds (the work, which must not grow with
+    workers); each worker's busy wall time (sum of its tasks' wall); the CPU share a busy worker got
+    (task CPU / task wall: 1 on an idle core); the driver's overhead (run wall minus the busiest worker's
+    busy time: connecting, scheduling, gathering, aggregating); the 1-minute load average before the run.
+    Each run writes its shard summaries (with :func:`timed_shard`'s timings) to a fresh ``--out`` directory.
+    """
+    from distributed import Client, LocalCluster
+
+    from experiments.sharded_bound import run_sharded
+
+    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=":0") for w in (1, 2)}
+    for cluster in clusters.values():  # imports (numpy, scipy, theory: ~1 CPU-s per worker) before timing
+        with Client(cluster.scheduler_address) as client:
+            client.run(_warm_up)
+    runs: list[dict] = []
+    try:
+        for round_index in range(rounds):
+            for workers, cluster in clusters.items():
+                load = float(Path("/proc/loadavg").read_text().split()[0])
+                out = folder.parent / f"scaling_out_{round_index}_{workers}"
+                start = time.perf_counter()
+                report = run_sharded(
+                    str(folder / "*.npz"),
+                    ns,
+                    verifiers=verifiers,
+                    scheduler=cluster.scheduler_address,
+                    out=out,
+                    progress=False,
+                    wor_low=wor_low,
+                    shard_function=timed_shard,
+                )
+                wall = time.perf_counter() - start
+                timings = [json.loads(p.read_text())["timing"] for p in (out / "shards").glob("*.json")]
+                busy: dict[int, float] = {}
+                for timing in timings:
+                    busy[timing["pid"]] = busy.get(timing["pid"], 0.0) + timing["wall_seconds"]
+                cpu = sum(t["cpu_seconds"] for t in timings)
+                runs.append(
+                    {
+                        "workers": workers,
+                        "positions": report["positions"],
+                        "wall_seconds": wall,
+                        "task_cpu_seconds": cpu,
+                        "cpu_seconds_per_position": cpu / report["positions"],
+                        "busiest_worker_seconds": max(busy.values()),
+                        "cpu_share_while_busy": cpu / sum(t["wall_seconds"] for t in timings),
+                        "driver_overhead_seconds": wall - max(busy.values()),
+                        "load_1min_before": load,
+                    }
+                )
+                print(json.dumps(runs[-1]), flush=True)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+    summary = {}
+    for workers in (1, 2):
+        mine = [r for r in runs if r["workers"] == workers]
+        summary[workers] = {
+            key: float(np.median([r[key] for r in mine]))
+            for key in (
+                "wall_seconds",
+                "cpu_seconds_per_position",
+                "cpu_share_while_busy",
+                "driver_overhead_seconds",
+            )
+        }
+    ratios = [a["wall_seconds"] / b["wall_seconds"] for a, b in zip(runs[::2], runs[1::2], strict=True)]
+    return {
+        "runs": runs,
+        "median": summary,
+        "wall_ratio_2_over_1_per_round": ratios,
+        "cpu_per_position_ratio_2_over_1": summary[2]["cpu_seconds_per_position"]
+        / summary[1]["cpu_seconds_per_position"],
     }
 
 
@@ -161,8 +261,13 @@ def log_smollm(path: str, positions: int = 300) -> int:
     return write_generation_log(results, path, temperature=1.0)
 
 
-def width_table(log: str, ks, ns) -> dict:
-    """Mean certified width of each quantity against k, on a full log converted to top-k in memory."""
+def width_table(log: str, ks, ns, verifiers=None) -> dict:
+    """Mean certified width of each quantity against k, on a full log converted to top-k in memory.
+
+    ``verifiers`` (a list) restricts the table to the overlap, alpha* and those verifiers, and skips the exact
+    alpha* over the full rows and the dust bound (alpha* wor's low then is the i.i.d. one; its high, which
+    rrs_wor uses, does not change): the fast way to tabulate the verifiers' intervals.
+    """
     from experiments.log_bounds import _topk_values, quantity_names
     from experiments.logformat import LogShard
 
@@ -171,16 +276,22 @@ def width_table(log: str, ks, ns) -> dict:
     q = np.concatenate([c["q"] for _, c in shard.chunks()]).astype(np.float64)
     p /= p.sum(1, keepdims=True)
     q /= q.sum(1, keepdims=True)
-    from theory import optimal_acceptance
+    from theory import optimal_acceptance, verifier
 
-    names = quantity_names(ns)
+    names = quantity_names(ns) if verifiers is None else quantity_names(ns, verifiers=verifiers)
     truth = {("overlap", 1): np.minimum(p, q).sum(1)}
     for n in ns:
-        for draft in ("iid", "wor"):
+        for draft in ("iid", "wor") if verifiers is None else ():
             truth[draft, n] = optimal_acceptance(p, q, n, draft=draft)
+        for name in ("nss", "naive", "rrs", "kseq", "rrs_wor"):
+            if verifiers is not None and name not in verifiers:
+                continue
+            if verifier(name).max_exact_vocab(n) is None:  # rrs_wor's exact value only for n <= 2 at this V
+                truth[name, n] = verifier(name).acceptance(p, q, n)
     table = {"positions": len(p), "vocab_size": int(p.shape[1]), "k": {}}
     for k in ks:
-        values, _, _ = _topk_values(top_k_arrays(p, q, k), p.shape[1], names)
+        wor_low = "dust" if verifiers is None else "iid"
+        values, _, _ = _topk_values(top_k_arrays(p, q, k), p.shape[1], names, wor_low)
         row = {}
         for (name, n), interval in values.items():
             entry = {
@@ -205,6 +316,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log-smollm", default=None, metavar="PATH", help="first write a SmolLM2 T = 1 log there"
     )
+    parser.add_argument(
+        "--width-verifiers",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="with --widths: only these verifiers (and alpha*'s intervals), no exact alpha* nor dust bound",
+    )
+    parser.add_argument(
+        "--scaling",
+        nargs=2,
+        type=int,
+        metavar=("SHARDS", "ROWS"),
+        default=None,
+        help="only the 1-vs-2-worker scaling diagnosis on SHARDS top-20 shards of ROWS positions",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --scaling")
+    parser.add_argument("--wor-low", choices=("dust", "iid"), default="iid", help="for --scaling")
     parser.add_argument("--out", default="runs/bench_bound_logs.json")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--cpu-only", action="store_true", help="only the in-process CPU-time rates")
@@ -220,7 +348,15 @@ def main(argv: list[str] | None = None) -> int:
         ("top-20, iid+wor n=2,4,8 + all verifiers", 20, 4, 200 * scale, (2, 4, 8), None),
     ]
     pool = (*lm_rows(rng, 64 if args.quick else 256), rng)
-    if args.cpu_only:
+    if args.scaling:
+        shards, rows = args.scaling
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = Path(scratch) / "logs"
+            make_shards(folder, shards, rows, 20, pool)
+            report["scaling"] = scaling_runs(folder, (2, 4, 8), (), args.rounds, args.wor_low)
+        report["scaling"].update(shards=shards, rows=rows, wor_low=args.wor_low)
+        print(json.dumps({k: v for k, v in report["scaling"].items() if k != "runs"}, indent=1))
+    elif args.cpu_only:
         with tempfile.TemporaryDirectory() as scratch:
             report["cpu"] = cpu_rates(cases, pool, Path(scratch))
         fast = report["cpu"]["top-20, iid+wor n=2,4,8"]["positions_per_cpu_s"]
@@ -250,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_smollm:
         print(f"logged {log_smollm(args.log_smollm)} positions to {args.log_smollm}")
     if args.widths:
-        report["widths"] = width_table(args.widths, (1, 5, 20, 64, 256, 1024), (2, 4, 8))
+        report["widths"] = width_table(
+            args.widths, (1, 5, 20, 64, 256, 1024), (2, 4, 8), args.width_verifiers
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -23,10 +23,14 @@ VERIFIER_LAW = {name: "iid" for name in VERIFIERS} | {
     "greedy": "greedy",
 }
 HIST_BINS = 100
+#: Bins of the per-feature histograms (coarser: one per quantity, feature bin and end of the interval).
+GROUP_HIST_BINS = 20
 ENTROPY_EDGES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, math.inf)
 #: Tolerated deviation of a full log's row sum from 1 (float32 rows); beyond it the shard is rejected.
 FULL_SUM_TOLERANCE = 1e-3
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+#: Rows of a top-k chunk bounded together (:func:`_blocks`).
+TOPK_BLOCK_ROWS = 1024
 
 
 def quantity_names(ns, drafts=DRAFTS, verifiers=VERIFIERS) -> list[tuple[str, int]]:
@@ -45,6 +49,11 @@ def _entropy_label(values: np.ndarray) -> np.ndarray:
 
 def entropy_bins() -> list[str]:
     return [f"[{lo:g}, {hi:g})" for lo, hi in zip(ENTROPY_EDGES[:-1], ENTROPY_EDGES[1:], strict=True)]
+
+
+def _bins(values, count: int) -> np.ndarray:
+    """Bin index of values in [0, 1] on ``count`` equal bins (1 goes in the last)."""
+    return np.clip((np.asarray(values) * count).astype(np.int64), 0, count - 1)
 
 
 def _full_values(p, q, names, vocab):
@@ -146,19 +155,25 @@ class _Summary:
             self.exact[key] += exact
             self.sums[key][0] += float(low.sum())
             self.sums[key][1] += float(high.sum())
+            coarse = []
             for side, column in enumerate((low, high)):
-                bins = np.clip((np.asarray(column) * HIST_BINS).astype(np.int64), 0, HIST_BINS - 1)
-                self.hist[key][side] += np.bincount(bins, minlength=HIST_BINS)
+                self.hist[key][side] += np.bincount(_bins(column, HIST_BINS), minlength=HIST_BINS)
+                coarse.append(_bins(column, GROUP_HIST_BINS))
             for label, mask in labels.items():
                 if not mask.any():
                     continue
-                group = self.groups.setdefault(label, {"positions": 0, "sums": {}})
+                group = self.groups.setdefault(label, {"positions": 0, "sums": {}, "hist": {}})
                 pair = group["sums"].setdefault(_key(key), [0.0, 0.0])
                 pair[0] += float(low[mask].sum())
                 pair[1] += float(high[mask].sum())
+                counts = group["hist"].setdefault(_key(key), [[0] * GROUP_HIST_BINS, [0] * GROUP_HIST_BINS])
+                for side in (0, 1):
+                    added = np.bincount(coarse[side][mask], minlength=GROUP_HIST_BINS)
+                    counts[side] = (np.asarray(counts[side]) + added).tolist()
         for label, mask in labels.items():
             if mask.any():
-                self.groups.setdefault(label, {"positions": 0, "sums": {}})["positions"] += int(mask.sum())
+                group = self.groups.setdefault(label, {"positions": 0, "sums": {}, "hist": {}})
+                group["positions"] += int(mask.sum())
 
     def to_json(self) -> dict:
         return {
@@ -169,6 +184,17 @@ class _Summary:
             "not_applicable": sorted(_key(k) for k in self.missing),
             "groups": self.groups,
         }
+
+
+def _feature_order(label: str):
+    """Entropy bins in increasing order, then temperatures by value (unknown last)."""
+    feature, _, value = label.partition(" ")
+    if feature == "entropy":
+        return (0, entropy_bins().index(value) if value in entropy_bins() else 99, 0.0)
+    try:
+        return (1, 0, float(value))
+    except ValueError:
+        return (2, 0, 0.0)
 
 
 def _key(key: tuple[str, int]) -> str:
@@ -188,7 +214,7 @@ def bound_shard(
     shard = LogShard.open(path)
     names = quantity_names(ns, drafts, verifiers)
     summary = _Summary(names)
-    for start, chunk in shard.chunks(chunk_bytes):
+    for start, chunk in _blocks(shard, chunk_bytes):
         rows = len(chunk["p"] if shard.kind == "full" else chunk["p_ids"])
         temperature = np.asarray(chunk.get("temperature", np.full(rows, np.nan)), dtype=np.float64)
         if shard.kind == "full":
@@ -207,6 +233,26 @@ def bound_shard(
     result = summary.to_json()
     result.update(kind=shard.kind, vocab_size=shard.vocab_size, width=_width(shard))
     return result
+
+
+def _blocks(shard: LogShard, chunk_bytes: int):
+    """The shard's read chunks, top-k ones cut into blocks of :data:`TOPK_BLOCK_ROWS` rows.
+
+    A 32 MB read chunk of a top-20 log holds 10^5 rows; the bounds' temporaries are a few times ``rows x (k_p +
+    k_q)`` floats, and the without-replacement dust bound's ``rows x n(n-1)/0.02`` (2 800 columns at n = 8): on
+    a whole chunk that is gigabytes, beyond the worker's memory limit, and far out of cache. Blocks keep the
+    temporaries near 100 MB at most (a few MB without the dust bound), whatever the shard's size.
+    """
+    for start, chunk in shard.chunks(chunk_bytes):
+        rows = len(chunk["p"] if shard.kind == "full" else chunk["p_ids"])
+        if shard.kind == "full" or rows <= TOPK_BLOCK_ROWS:
+            yield start, chunk
+            continue
+        for offset in range(0, rows, TOPK_BLOCK_ROWS):
+            yield (
+                start + offset,
+                {name: values[offset : offset + TOPK_BLOCK_ROWS] for name, values in chunk.items()},
+            )
 
 
 def _width(shard: LogShard) -> list[int] | None:
@@ -238,8 +284,10 @@ def _entry(low_sum: float, high_sum: float, count: int) -> dict:
 
 
 def _quantiles(hist: np.ndarray) -> dict:
+    """Quantiles read off a histogram on [0, 1] (the centre of the bin holding each; +-0.5 / bins)."""
+    hist = np.asarray(hist)
     cumulative = np.cumsum(hist) / max(hist.sum(), 1)
-    return {f"{q:g}": float((np.searchsorted(cumulative, q) + 0.5) / HIST_BINS) for q in QUANTILES}
+    return {f"{q:g}": float((np.searchsorted(cumulative, q) + 0.5) / len(hist)) for q in QUANTILES}
 
 
 def aggregate(results: dict[str, dict], ns, drafts=DRAFTS, verifiers=VERIFIERS) -> dict:
@@ -261,12 +309,15 @@ def aggregate(results: dict[str, dict], ns, drafts=DRAFTS, verifiers=VERIFIERS) 
                 exact[k] += r["exact"][k]
                 hist[k] += np.asarray(r["hist"][k], dtype=np.int64)
         for label, group in r["groups"].items():
-            target = groups.setdefault(label, {"positions": 0, "sums": {}})
+            target = groups.setdefault(label, {"positions": 0, "sums": {}, "hist": {}})
             target["positions"] += group["positions"]
             for k, pair in group["sums"].items():
                 acc = target["sums"].setdefault(k, [0.0, 0.0])
                 acc[0] += pair[0]
                 acc[1] += pair[1]
+            for k, counts in group.get("hist", {}).items():
+                acc = target["hist"].setdefault(k, np.zeros((2, GROUP_HIST_BINS), dtype=np.int64))
+                acc += np.asarray(counts, dtype=np.int64)
 
     def stats(k: str) -> dict | None:
         if k in missing or total == 0:
@@ -296,11 +347,23 @@ def aggregate(results: dict[str, dict], ns, drafts=DRAFTS, verifiers=VERIFIERS) 
             rows[str(n)] = entry
         table[name] = {"draft": VERIFIER_LAW[name], "n": rows}
     by_feature = {}
-    for label, group in sorted(groups.items()):
+    for label, group in sorted(groups.items(), key=lambda item: _feature_order(item[0])):
         count = group["positions"]
-        by_feature[label] = {"positions": count} | {
-            k: _entry(*pair, count) for k, pair in sorted(group["sums"].items()) if k not in missing
-        }
+        feature, _, value = label.partition(" ")
+        by_feature[label] = {"positions": count, "feature": feature, "bin": value}
+        for k, pair in sorted(group["sums"].items()):
+            if k in missing:
+                continue
+            entry = by_feature[label][k] = _entry(*pair, count)
+            counts = group["hist"].get(k)
+            if counts is not None:
+                entry["quantiles_low"] = _quantiles(counts[0])
+                entry["quantiles_high"] = _quantiles(counts[1])
+                entry["histogram"] = {
+                    "bins": GROUP_HIST_BINS,
+                    "low": np.asarray(counts[0]).tolist(),
+                    "high": np.asarray(counts[1]).tolist(),
+                }
     kinds = sorted({r["kind"] for r in good.values()})
     return {
         "positions": total,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 
 def _cell(entry: dict | None, digits: int = 4) -> str:
     if entry is None:
@@ -12,6 +14,15 @@ def _cell(entry: dict | None, digits: int = 4) -> str:
     if abs(entry["high"] - entry["low"]) < 0.5 * 10**-digits:
         return f"{entry['low']:.{digits}f}"
     return f"[{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def _quantile_cell(entry: dict | None) -> str:
+    if entry is None or "quantiles_low" not in entry:
+        return "n/a"
+    picks = ("0.05", "0.5", "0.95")
+    low = " / ".join(f"{entry['quantiles_low'][k]:.3f}" for k in picks)
+    high = " / ".join(f"{entry['quantiles_high'][k]:.3f}" for k in picks)
+    return low if low == high else f"{low} (low) · {high} (high)"
 
 
 def render_markdown(report: dict) -> str:
@@ -47,15 +58,19 @@ def render_markdown(report: dict) -> str:
         lines.append(f"| {name} | {row['draft']} | " + " | ".join(cells) + " |")
     if report["by_feature"]:
         n = ns[-1]
-        lines += ["", f"By position feature (n = {n}):", ""]
         lines += [
-            "| feature | positions | sum min(p, q) | alpha* iid | alpha* wor |",
-            "|---|---:|---|---|---|",
+            "",
+            f"By position feature (n = {n}; target entropy in nats, of the logged entries when the log has no"
+            " `entropy`; quantiles 5% / 50% / 95% of the per-position low and high ends, from 20-bin histograms):",
+            "",
+            "| feature | bin | positions | sum min(p, q) | alpha* iid | alpha* wor | alpha* iid quantiles |",
+            "|---|---|---:|---|---|---|---|",
         ]
-        for label, group in report["by_feature"].items():
+        for group in report["by_feature"].values():
             lines.append(
-                f"| {label} | {group['positions']} | {_cell(group.get('overlap@1'))} | "
-                f"{_cell(group.get(f'iid@{n}'))} | {_cell(group.get(f'wor@{n}'))} |"
+                f"| {group.get('feature', '')} | {group.get('bin', '')} | {group['positions']} | "
+                f"{_cell(group.get('overlap@1'))} | {_cell(group.get(f'iid@{n}'))} | "
+                f"{_cell(group.get(f'wor@{n}'))} | {_quantile_cell(group.get(f'iid@{n}'))} |"
             )
     if shards["skipped"]:
         lines += ["", "Skipped shards:", ""]
@@ -71,7 +86,8 @@ def plot(report: dict, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     ns = report["n"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(2, 2, figsize=(11, 8))
+    (left, right), (means, hists) = axes
     for draft, row in report["optimal"].items():
         entries = [row[str(n)] for n in ns]
         if any(e is None for e in entries):
@@ -103,9 +119,43 @@ def plot(report: dict, path: str | os.PathLike) -> None:
     right.set_ylabel("acceptance / alpha* of its draft law")
     right.set_xscale("log", base=2)
     right.legend(fontsize=7)
+    _plot_features(report, means, hists)
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(path).with_name(f".{Path(path).name}.tmp.png")
     figure.savefig(temporary, dpi=110)
     plt.close(figure)
     os.replace(temporary, path)
+
+
+def _plot_features(report: dict, means, hists) -> None:
+    """Per feature bin: alpha* at the largest n (bars = certified interval of the mean), and the histograms."""
+    n = report["n"][-1]
+    groups = report["by_feature"]
+    labels = list(groups)
+    for offset, draft in ((-0.15, "iid"), (0.15, "wor")):
+        points = [(i, groups[label].get(f"{draft}@{n}")) for i, label in enumerate(labels)]
+        points = [(i, e) for i, e in points if e is not None]
+        if not points:
+            continue
+        xs = [i + offset for i, _ in points]
+        mid = [e["mean"] for _, e in points]
+        err = [[e["mean"] - e["low"] for _, e in points], [e["high"] - e["mean"] for _, e in points]]
+        means.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, label=f"alpha* {draft}, n = {n}")
+    means.set_xticks(range(len(labels)))
+    means.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    means.set_ylabel("mean over the bin's positions")
+    if labels:
+        means.legend(fontsize=7)
+    key = f"iid@{n}"
+    for label in labels:
+        entry = groups[label].get(key)
+        if not entry or "histogram" not in entry or not label.startswith("entropy"):
+            continue
+        counts = np.asarray(entry["histogram"]["low"], dtype=float)
+        edges = np.linspace(0.0, 1.0, entry["histogram"]["bins"] + 1)
+        hists.stairs(counts / max(counts.sum(), 1.0), edges, label=label)
+    hists.set_xlabel(f"alpha* iid, n = {n} (per position, low end)")
+    hists.set_ylabel("fraction of the bin's positions")
+    if hists.get_legend_handles_labels()[0]:
+        hists.legend(fontsize=7)

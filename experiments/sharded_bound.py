@@ -25,6 +25,8 @@ from pathlib import Path
 from experiments.log_bounds import DRAFTS, VERIFIERS, aggregate, safe_bound_shard
 from experiments.logformat import CHUNK_BYTES
 
+#: Bumped when a shard's summary changes (its bounds or fields), so cached summaries are not reused.
+SUMMARY_VERSION = 2
 #: Per-worker memory limit of the LocalCluster (Dask pauses, then restarts, a worker above it).
 WORKER_MEMORY = "1GiB"
 
@@ -75,7 +77,13 @@ def run_sharded(
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     ns = [int(n) for n in ns]
-    settings = {"n": ns, "drafts": list(drafts), "verifiers": list(verifiers), "wor_low": wor_low}
+    settings = {
+        "n": ns,
+        "drafts": list(drafts),
+        "verifiers": list(verifiers),
+        "wor_low": wor_low,
+        "summary": SUMMARY_VERSION,
+    }
     cache = Path(out) / "shards" if out is not None else None
     results: dict[str, dict] = {}
     todo = []

@@ -23,8 +23,12 @@ quantity                               interval
 :math:`\alpha^*_{wor}`, ``n >= 2``     valid outer bounds (``low``: the "dust" bound, at least the i.i.d. low)
 greedy, spechub verifiers              exact at both ends (given the top ``n - 1`` of ``q`` are logged)
 optimal verifier                       the :math:`\alpha^*_{iid}` interval
-nss, naive, rrs, rrs_wor, kseq         valid outer bounds
+rrs, kseq, nss, naive                  ``low`` exact when the tails fit disjointly, else a valid bound;
+                                       ``high`` a valid upper bound
+rrs_wor                                valid outer bounds (``low``: the i.i.d. RRS low)
 =====================================  ===========================================================
+
+The verifiers' intervals are in :mod:`theory.truncated_verifiers` (re-exported here).
 
 Every interval is exact (``low == high``) when nothing is unknown (``k = V``, or zero remaining mass).
 :class:`Interval` carries ``exact_low`` / ``exact_high`` flags per position.
@@ -39,7 +43,6 @@ import numpy as np
 
 from theory.checks import as_choice, as_count
 from theory.multidraft import _sorted
-from theory.verifiers import verifier
 
 __all__ = [
     "Interval",
@@ -272,11 +275,7 @@ def _overlap_bounds(p, q, known_p, known_q, a, b, r_p, r_q, c):
     only_p = known_p & ~known_q
     only_q = known_q & ~known_p
     base = np.where(both, np.minimum(p, q), 0.0).sum(axis=1)
-    u_p = np.where(only_p, np.minimum(p, b[:, None]), 0.0).sum(axis=1)
-    u_q = np.where(only_q, np.minimum(q, a[:, None]), 0.0).sum(axis=1)
-    w_max = np.minimum(np.minimum(c * np.minimum(a, b), r_p), r_q)
-    w = np.clip(np.minimum(r_q - u_p, r_p - u_q), 0.0, w_max)
-    high = base + w + np.minimum(u_p, r_q - w) + np.minimum(u_q, r_p - w)
+    high = _overlap_high(p, q, known_p, known_q, a, b, r_p, r_q, c, base)
     low = base.copy()
     tight = _needed(r_p, a) + _needed(r_q, b) > c
     for row in np.flatnonzero(tight):
@@ -290,6 +289,19 @@ def _overlap_bounds(p, q, known_p, known_q, a, b, r_p, r_q, c):
             int(c[row]),
         )
     return low, high
+
+
+def _overlap_high(p, q, known_p, known_q, a, b, r_p, r_q, c, base=None):
+    """The exact ``high`` of :func:`_overlap_bounds` alone (vectorised; ``base`` = the sum over ``A`` if known)."""
+    only_p = known_p & ~known_q
+    only_q = known_q & ~known_p
+    if base is None:
+        base = np.where(known_p & known_q, np.minimum(p, q), 0.0).sum(axis=1)
+    u_p = np.where(only_p, np.minimum(p, b[:, None]), 0.0).sum(axis=1)
+    u_q = np.where(only_q, np.minimum(q, a[:, None]), 0.0).sum(axis=1)
+    w_max = np.minimum(np.minimum(c * np.minimum(a, b), r_p), r_q)
+    w = np.clip(np.minimum(r_q - u_p, r_p - u_q), 0.0, w_max)
+    return base + w + np.minimum(u_p, r_q - w) + np.minimum(u_q, r_p - w)
 
 
 def _overlap_low_search(p_only, q_only, a, b, r_p, r_q, c) -> float:
@@ -422,101 +434,6 @@ def optimal_acceptance_interval(
     return Interval(low, high, exact_low, exact_high)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Verifiers
-
-
-def _closed_form_interval(s: TopKPositions, n: int) -> Interval:
-    r"""Exact interval of the greedy/SpecHub optimum :math:`p(T) + \sum_{x \notin T} \min(p, q/(1 - q(T)))`.
-
-    With ``T`` (the top ``n - 1`` of ``q``) logged, this is :math:`\sum \min(p, q'')` for :math:`q'' = 1` on
-    ``T`` and :math:`q/(1 - q(T))` elsewhere, whose unlogged entries are at most :math:`b/(1 - q(T))` and sum
-    to :math:`r_q/(1 - q(T))`: :func:`_overlap_bounds` applies. Rows where ``T`` is not certainly logged
-    (fewer than ``n - 1`` logged ``q`` above the cap ``b`` while ``q`` has unlogged mass) get ``[0, 1]``.
-    """
-    rows = len(s)
-    in_top = np.zeros(s.q.shape, dtype=bool)
-    sure = np.ones(rows, dtype=bool)
-    if n > 1:
-        key = np.where(s.known_q, s.q, -1.0)
-        order = np.lexsort((np.where(s.ids >= 0, s.ids, np.iinfo(np.int64).max), -key), axis=1)[:, : n - 1]
-        np.put_along_axis(in_top, order, True, axis=1)
-        in_top &= s.known_q
-        smallest_top = np.where(in_top, s.q, np.inf).min(axis=1)
-        sure = (in_top.sum(axis=1) == n - 1) & ((smallest_top > s.q_cap) | (s.q_rest <= 0))
-    scale = 1.0 - np.where(in_top, s.q, 0.0).sum(axis=1)
-    scale = np.where(scale > 0, scale, 1.0)
-    q2 = np.where(in_top, 1.0, s.q / scale[:, None])
-    low, high = _overlap_bounds(
-        s.p, q2, s.known_p, s.known_q, s.p_cap, s.q_cap / scale, s.p_rest, s.q_rest / scale, s.unlogged
-    )
-    low = np.where(sure, np.clip(low, 0, 1), 0.0)
-    high = np.where(sure, np.clip(high, 0, 1), 1.0)
-    return Interval(low, high, sure, sure)
-
-
-def verifier_acceptance_interval(
-    positions: TopKPositions, name: str, n: int, *, known: dict | None = None
-) -> Interval:
-    r"""Interval of a verifier's acceptance (:mod:`theory.verifiers`) over completions.
-
-    * ``"greedy"``, ``"spechub"`` (``n = 2``): exact, :func:`_closed_form_interval` (each attains its law's
-      optimum, Hu et al. ICLR 2025).
-    * ``"optimal"``: its acceptance is :math:`\alpha^*_{iid}`: :func:`optimal_acceptance_interval`.
-    * ``"rrs"``, ``"naive"``, ``"kseq"``: lossless with i.i.d. drafts, so at most :math:`\alpha^*_{iid}`
-      (high of the i.i.d. interval); each accepts at least :math:`\sum \min(p, q)` (RRS and naive accept the
-      first draft with that probability; K-SEQ's :math:`\rho\beta(\rho) = \sum \min(p, \rho q)` with
-      :math:`\rho \ge 1` at its root), and K-SEQ at least :math:`(1 - 1/e)\alpha^*_{iid}` (SpecTr Thm. 3).
-    * ``"rrs_wor"``: between :math:`\sum \min(p, q)` and :math:`\alpha^*_{wor}`'s high.
-    * ``"nss"``: :math:`\sum_y p(y)(1 - (1 - q(y))^n) \ge \sum_A` of the same, and at most :math:`\alpha^*_{iid}`.
-
-    Exact flags are set only where proven (and on complete rows, where every quantity is determined).
-    ``known`` may hold already computed intervals for these positions and this ``n`` under the keys
-    ``"overlap"``, ``"iid"`` and ``"wor"``, to avoid computing them again.
-    """
-    name = as_choice(name, "name", TRUNCATED_QUANTITIES[3:])
-    n = as_count(n, "n")
-    s = positions
-    known = {} if known is None else known
-
-    def bound(quantity: str) -> Interval:
-        if quantity not in known:
-            known[quantity] = truncated_interval(s, quantity, n)
-        return known[quantity]
-
-    if name in ("greedy", "spechub"):
-        if name == "spechub" and n != 2:
-            raise ValueError(f"n must be 2 for the spechub verifier, got {n}")
-        return _closed_form_interval(s, n)
-    if name == "optimal":
-        return bound("iid")
-    if n == 1 and name in ("rrs", "naive", "kseq", "rrs_wor"):
-        return bound("overlap")  # one draft: every one of them is speculative sampling
-    upper = bound("wor" if name == "rrs_wor" else "iid").high
-    if name == "nss":
-        both = s.known_p & s.known_q
-        lower = np.where(both, s.p * (1.0 - (1.0 - s.q) ** n), 0.0).sum(axis=1)
-    else:
-        lower = bound("overlap").low
-        if name == "kseq":
-            lower = np.maximum(lower, (1.0 - math.exp(-1.0)) * bound("iid").low)
-    complete = s.complete
-    limit = verifier(name).max_exact_vocab(n)
-    if limit is not None and s.p.shape[1] > limit:
-        complete = np.zeros_like(complete)
-    if complete.any():
-        exact = verifier(name).acceptance(_dense(s, complete), _dense(s, complete, "q"), n)
-        lower, upper = lower.copy(), upper.copy()
-        lower[complete] = upper[complete] = exact
-    return Interval(lower, np.maximum(upper, lower), complete.copy(), complete.copy())
-
-
-def _dense(s: TopKPositions, rows: np.ndarray, side: str = "p") -> np.ndarray:
-    """Complete rows as ``(r, m)`` vectors on their slots (their unlogged entries are all zero)."""
-    values = s.p[rows] if side == "p" else s.q[rows]
-    return values / values.sum(axis=1, keepdims=True)
-
-
 def truncated_interval(positions: TopKPositions, quantity: str, n: int = 1, **options) -> Interval:
     """Dispatch by name: ``"overlap"``, ``"iid"``, ``"wor"`` (:math:`\\alpha^*`; ``options`` go to
     :func:`optimal_acceptance_interval`) or a verifier name."""
@@ -526,3 +443,7 @@ def truncated_interval(positions: TopKPositions, quantity: str, n: int = 1, **op
     if quantity in ("iid", "wor"):
         return optimal_acceptance_interval(positions, n, draft=quantity, **options)
     return verifier_acceptance_interval(positions, quantity, n)
+
+
+# The verifiers' intervals build on the functions above (imported last: that module imports this one).
+from theory.truncated_verifiers import verifier_acceptance_interval  # noqa: E402

@@ -99,7 +99,14 @@ def test_out_directory_gets_json_markdown_plot_and_shard_results(full_log, tmp_p
     )
     assert "alpha* n = 2" in capsys.readouterr().out
     assert json.loads((out / "report.json").read_text())["positions"] == 6
-    assert "| iid |" in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert "| iid |" in markdown
+    report = json.loads((out / "report.json").read_text())
+    for label, group in report["by_feature"].items():  # one Markdown row per feature bin, with its quantiles
+        quantiles = group["iid@2"]["quantiles_low"]
+        cell = " / ".join(f"{quantiles[k]:.3f}" for k in ("0.05", "0.5", "0.95"))
+        assert f"| {group['feature']} | {group['bin']} | {group['positions']} |" in markdown
+        assert cell in markdown, label
     assert (out / "bound_vs_n.png").stat().st_size > 1000
     assert len(list((out / "shards").glob("*.json"))) == 1
 

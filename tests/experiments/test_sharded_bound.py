@@ -179,3 +179,60 @@ def test_an_existing_scheduler_address_runs_the_same_shards(shards):
     with LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0") as cluster:
         remote = run(folder / "top_*.npz", scheduler=cluster.scheduler_address)
     assert clean(remote) == clean(run(folder / "top_*.npz"))
+
+
+def test_feature_histograms_hold_every_position_of_their_bin_at_its_value(shards):
+    """Per temperature and per entropy bin: the 20-bin histogram of alpha* iid is the bincount of the exact
+    per-position values in that bin (full logs: low = high), and the bins partition the positions."""
+    from experiments.log_bounds import ENTROPY_EDGES, GROUP_HIST_BINS
+    from experiments.logformat import entropy
+
+    folder, pairs = shards
+    report = run(folder / "full_*.npz")
+    p = np.concatenate([pair[0] for pair in pairs]).astype(np.float32).astype(np.float64)
+    q = np.concatenate([pair[1] for pair in pairs]).astype(np.float32).astype(np.float64)
+    p, q = p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+    temperature = np.concatenate([np.full(len(pair[0]), 0.5 + i) for i, pair in enumerate(pairs)])
+    values = optimal_acceptance(p, q, 3)
+    bins = np.clip((values * GROUP_HIST_BINS).astype(int), 0, GROUP_HIST_BINS - 1)
+    feature = entropy(p)
+    masks = {f"temperature {t:g}": temperature == t for t in (0.5, 1.5, 2.5)}
+    for lo, hi in zip(ENTROPY_EDGES[:-1], ENTROPY_EDGES[1:], strict=True):
+        masks[f"entropy [{lo:g}, {hi:g})"] = (feature >= lo) & (feature < hi)
+    groups = report["by_feature"]
+    assert set(groups) == {label for label, mask in masks.items() if mask.any()}
+    assert sum(g["positions"] for g in groups.values() if g["feature"] == "entropy") == len(p)
+    assert len([label for label in groups if label.startswith("entropy")]) >= 2  # not one trivial bin
+    for label, group in groups.items():
+        expected = np.bincount(bins[masks[label]], minlength=GROUP_HIST_BINS)
+        histogram = group["iid@3"]["histogram"]
+        assert histogram["low"] == histogram["high"] == expected.tolist()
+        assert group["iid@3"]["mean"] == pytest.approx(values[masks[label]].mean(), abs=1e-6)
+        median = group["iid@3"]["quantiles_low"]["0.5"]
+        assert abs(median - np.median(values[masks[label]])) <= 1.0 / GROUP_HIST_BINS + 1e-9
+
+
+def test_feature_histograms_of_top_k_logs_bracket_the_full_values(shards):
+    """Top-k shards: per bin, the low-end histogram lies left of the high-end one (first-order dominance)."""
+    folder, _ = shards
+    report = run(folder / "top_*.npz")
+    for group in report["by_feature"].values():
+        for key in ("iid@2", "rrs@3", "overlap@1"):
+            low = np.cumsum(group[key]["histogram"]["low"])
+            high = np.cumsum(group[key]["histogram"]["high"])
+            assert np.all(low >= high) and low[-1] == high[-1] == group["positions"]
+
+
+def test_top_k_chunks_bounded_in_small_blocks_give_the_same_summary(shards, monkeypatch):
+    """Cutting read chunks into row blocks (bounded memory) changes only the summation order."""
+    import experiments.log_bounds as log_bounds
+
+    folder, _ = shards
+    path = str(folder / "top_2.npz")
+    whole = log_bounds.bound_shard(path, NS, verifiers=VERIFIERS)
+    monkeypatch.setattr(log_bounds, "TOPK_BLOCK_ROWS", 2)
+    blocked = log_bounds.bound_shard(path, NS, verifiers=VERIFIERS)
+    assert blocked["positions"] == whole["positions"] == 9
+    assert blocked["hist"] == whole["hist"]
+    for key, pair in whole["sums"].items():
+        assert blocked["sums"][key] == pytest.approx(pair, abs=1e-12)

@@ -151,7 +151,7 @@ def brute_force(vocab, p, q, kp, kq, quantity, n):
         dict(zip(p_ids.tolist(), p_vals, strict=True)),
         dict(zip(q_ids.tolist(), q_vals, strict=True)),
     )
-    grid = 3 if quantity == "wor" else 6
+    grid = 3 if quantity in ("wor", "rrs_wor") else 6
     ps = np.array(tail_vectors(p_known, vocab, p_vals.min(), 1 - p_vals.sum(), grid))
     qs = np.array(tail_vectors(q_known, vocab, q_vals.min(), 1 - q_vals.sum(), grid))
     pairs_p = np.repeat(ps, len(qs), axis=0)

@@ -1,0 +1,248 @@
+r"""Certified intervals of each verifier's acceptance on truncated (top-k) positions.
+
+The setting and notation are those of :mod:`theory.truncated` (``A`` the tokens logged on both sides, ``a``,
+``b`` the caps, :math:`r_p, r_q` the unlogged masses, ``c`` the tokens logged by neither side). Proofs:
+``docs/truncated_logs.md``, section 4. Three facts carry the verifiers of :mod:`theory.verifiers`:
+
+* **RRS as a function of one curve.** With :math:`h(s) = \sum_y \min(p(y), s\,q(y))`, RRS with ``n`` i.i.d.
+  drafts (SpecInfer, Miao et al., ASPLOS 2024, arXiv:2305.09781) accepts :math:`h(s_{n+1})` with
+  :math:`s_1 = 0`, :math:`s_{j+1} = s_j + 1 - h(s_j)` (``s_j`` sums the probabilities of reaching draft
+  ``1..j-1``). Its value only grows when ``h`` grows by a non-decreasing function, and ``s`` only shrinks.
+* **K-SEQ as a function of one curve.** K-SEQ (SpecTr, Sun et al., NeurIPS 2023, arXiv:2310.15141) accepts
+  :math:`\max_{\rho \in [1, n]} \min(1 - (1 - h(\rho)/\rho)^n,\; h(\rho))`, non-decreasing in ``h`` pointwise.
+* **Without replacement helps RRS.** :math:`\alpha_{rrs\_wor}(p, q) \ge \alpha_{rrs}(p, q)` for every pair.
+
+Every completion's ``h`` lies between :math:`h_A(s) = \sum_A \min(p, s q)` (which it exceeds by a
+non-decreasing function) and :math:`h_+(s)`, the exact largest overlap of ``p`` with ``s q`` over
+completions (:func:`theory.truncated._overlap_high`). The pessimistic completion (``q = 0`` where only ``p``
+is logged and vice versa, the two tails on disjoint unlogged tokens) has :math:`h = h_A`, and it is a
+completion whenever the tails fit (:math:`\lceil r_p/a\rceil + \lceil r_q/b\rceil \le c`, always at LM
+vocabulary sizes): there the low ends of rrs, kseq, naive and nss are attained.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from theory.checks import as_choice, as_count
+from theory.truncated import (
+    TRUNCATED_QUANTITIES,
+    Interval,
+    TopKPositions,
+    _needed,
+    _overlap_bounds,
+    _overlap_high,
+    truncated_interval,
+)
+from theory.verifiers import verifier
+
+__all__ = ["verifier_acceptance_interval"]
+
+#: Bisection steps for K-SEQ's division factor on ``[1, n]`` (as in :class:`theory.verifiers.iid.KSequential`).
+KSEQ_BISECTION_STEPS = 80
+#: K-SEQ's validity tolerance, the same as the dense verifier's (so the pessimistic value matches it exactly).
+KSEQ_TOLERANCE = 1e-13
+
+
+class _Curves:
+    r"""The two envelopes of :math:`h(s) = \sum_y \min(p(y), s\,q(y))` over completions, batched over rows."""
+
+    def __init__(self, s: TopKPositions):
+        both = s.known_p & s.known_q
+        self.s = s
+        self.p_both = np.where(both, s.p, 0.0)
+        self.q_both = np.where(both, s.q, 0.0)
+
+    def low(self, scale: np.ndarray) -> np.ndarray:
+        r""":math:`h_A(s) = \sum_A \min(p, s q)` (every completion's ``h`` exceeds it by a non-decreasing function)."""
+        return np.minimum(self.p_both, scale[:, None] * self.q_both).sum(axis=1)
+
+    def beta_low(self, rho: np.ndarray) -> np.ndarray:
+        r""":math:`h_A(\rho)/\rho` written as :math:`\sum_A \min(p/\rho, q)`, the dense K-SEQ's own arithmetic."""
+        return np.minimum(self.p_both / rho[:, None], self.q_both).sum(axis=1)
+
+    def high(self, scale: np.ndarray) -> np.ndarray:
+        r""":math:`h_+(s)`: the exact largest :math:`\sum \min(p, s q)` over completions (caps and tail scaled)."""
+        s = self.s
+        return _overlap_high(
+            s.p,
+            s.q * scale[:, None],
+            s.known_p,
+            s.known_q,
+            s.p_cap,
+            s.q_cap * scale,
+            s.p_rest,
+            s.q_rest * scale,
+            s.unlogged,
+        )
+
+
+def _rrs_bounds(curves: _Curves, n: int):
+    r"""RRS (i.i.d.) ``(low, high)``: :math:`h_A(S_{n+1})` and :math:`h_+(S_{n+1})`, ``S`` run on :math:`h_A`."""
+    rows = len(curves.s)
+    total, reach = np.zeros(rows), np.ones(rows)  # S_j and M_j = 1 - h_A(S_j)
+    for _ in range(n):
+        total = total + reach
+        reach = 1.0 - curves.low(total)
+    return curves.low(total), curves.high(total)
+
+
+def _kseq_value(beta, n: int, rows: int, upper: bool) -> np.ndarray:
+    r"""K-SEQ's acceptance for the curve :math:`\beta(\rho)` (``beta(rho)`` returns ``(rows,)``).
+
+    The dense verifier's bisection for the smallest valid :math:`\rho \in [1, n]`
+    (:math:`1 - (1 - \beta)^n \le \rho\beta`); ``upper=False`` returns :math:`1 - (1 - \beta)^n` at the valid end
+    (the dense value), ``upper=True`` at the last invalid point, an upper bound on
+    :math:`\max_\rho \min(1 - (1 - \beta)^n, \rho\beta)` for a curve known only pointwise from above.
+    """
+
+    def sides(rho):
+        value = beta(rho)
+        return 1.0 - (1.0 - value) ** n, rho * value
+
+    low, high = np.ones(rows), np.full(rows, float(n))
+    left, right = sides(low)
+    done = left <= right + KSEQ_TOLERANCE
+    high = np.where(done, low, high)
+    for _ in range(KSEQ_BISECTION_STEPS):
+        middle = 0.5 * (low + high)
+        left, right = sides(middle)
+        ok = left <= right + KSEQ_TOLERANCE
+        high = np.where(ok, middle, high)
+        low = np.where(ok, low, middle)
+    return sides(low if upper else high)[0]
+
+
+def _kseq_bounds(curves: _Curves, n: int):
+    r"""K-SEQ ``(low, high)``: its value on :math:`h_A` (the pessimistic completion) and on :math:`h_+`."""
+    rows = len(curves.s)
+    low = _kseq_value(curves.beta_low, n, rows, upper=False)
+    high = _kseq_value(lambda rho: curves.high(rho) / rho, n, rows, upper=True)
+    return low, high
+
+
+def _nss_bounds(s: TopKPositions, n: int):
+    r"""NSS ``(low, high)`` for :math:`\sum_y p(y) f(q(y))`, :math:`f(x) = 1 - (1 - x)^n` (concave, increasing).
+
+    low: :math:`\sum_A p f(q)`. high: :math:`\sum_A p f(q) + f(\tilde b)(p(B_p) + r_p) +
+    \max_x \sum_{B_q} x_j (f(q_j) - f(\tilde b))` over :math:`x_j \in [0, a]`, :math:`\sum x_j \le r_p`
+    (greedy, largest ``q_j`` first), :math:`\tilde b = \min(b, r_q)` bounding every unlogged ``q``.
+    """
+    both = s.known_p & s.known_q
+    only_p = s.known_p & ~s.known_q
+    only_q = s.known_q & ~s.known_p
+    gain = 1.0 - (1.0 - s.q) ** n
+    low = np.where(both, s.p * gain, 0.0).sum(axis=1)
+    cap_gain = 1.0 - (1.0 - np.minimum(s.q_cap, s.q_rest)) ** n
+    ranked = np.sort(np.where(only_q, gain, -1.0), axis=1)[:, ::-1]  # B_q by f(q), largest first
+    filled = np.clip(s.p_rest[:, None] - s.p_cap[:, None] * np.arange(ranked.shape[1]), 0.0, s.p_cap[:, None])
+    extra = np.where(ranked >= 0, filled * np.maximum(ranked - cap_gain[:, None], 0.0), 0.0).sum(axis=1)
+    outside = np.where(only_p, s.p, 0.0).sum(axis=1) + s.p_rest
+    return low, low + cap_gain * outside + extra
+
+
+def _naive_low(s: TopKPositions, n: int) -> np.ndarray:
+    r"""The naive rule's :math:`\sum_A [\min(p, q) + (p - q)_+ (1 - (1 - q)^{n-1})]` (every other term is >= 0)."""
+    both = s.known_p & s.known_q
+    terms = np.minimum(s.p, s.q) + np.maximum(s.p - s.q, 0.0) * (1.0 - (1.0 - s.q) ** (n - 1))
+    return np.where(both, terms, 0.0).sum(axis=1)
+
+
+def _closed_form_interval(s: TopKPositions, n: int) -> Interval:
+    r"""Exact interval of the greedy/SpecHub optimum :math:`p(T) + \sum_{x \notin T} \min(p, q/(1 - q(T)))`.
+
+    With ``T`` (the top ``n - 1`` of ``q``) logged, this is :math:`\sum \min(p, q'')` for :math:`q'' = 1` on
+    ``T`` and :math:`q/(1 - q(T))` elsewhere, whose unlogged entries are at most :math:`b/(1 - q(T))` and sum
+    to :math:`r_q/(1 - q(T))`: :func:`theory.truncated._overlap_bounds` applies. Rows where ``T`` is not
+    certainly logged (fewer than ``n - 1`` logged ``q`` above the cap ``b`` while ``q`` has unlogged mass) get
+    ``[0, 1]``.
+    """
+    rows = len(s)
+    in_top = np.zeros(s.q.shape, dtype=bool)
+    sure = np.ones(rows, dtype=bool)
+    if n > 1:
+        key = np.where(s.known_q, s.q, -1.0)
+        order = np.lexsort((np.where(s.ids >= 0, s.ids, np.iinfo(np.int64).max), -key), axis=1)[:, : n - 1]
+        np.put_along_axis(in_top, order, True, axis=1)
+        in_top &= s.known_q
+        smallest_top = np.where(in_top, s.q, np.inf).min(axis=1)
+        sure = (in_top.sum(axis=1) == n - 1) & ((smallest_top > s.q_cap) | (s.q_rest <= 0))
+    scale = 1.0 - np.where(in_top, s.q, 0.0).sum(axis=1)
+    scale = np.where(scale > 0, scale, 1.0)
+    q2 = np.where(in_top, 1.0, s.q / scale[:, None])
+    low, high = _overlap_bounds(
+        s.p, q2, s.known_p, s.known_q, s.p_cap, s.q_cap / scale, s.p_rest, s.q_rest / scale, s.unlogged
+    )
+    low = np.where(sure, np.clip(low, 0, 1), 0.0)
+    high = np.where(sure, np.clip(high, 0, 1), 1.0)
+    return Interval(low, high, sure, sure)
+
+
+def verifier_acceptance_interval(
+    positions: TopKPositions, name: str, n: int, *, known: dict | None = None
+) -> Interval:
+    r"""Interval of a verifier's acceptance (:mod:`theory.verifiers`) over completions.
+
+    * ``"greedy"``, ``"spechub"`` (``n = 2``): exact, :func:`_closed_form_interval` (each attains its law's
+      optimum, Hu et al. ICLR 2025, arXiv:2502.18779).
+    * ``"optimal"``: its acceptance is :math:`\alpha^*_{iid}`: :func:`theory.truncated.optimal_acceptance_interval`.
+    * ``"rrs"``: :math:`[h_A(S_{n+1}),\, \min(h_+(S_{n+1}), \text{high}(\alpha^*_{iid}))]` (:func:`_rrs_bounds`);
+      ``"rrs_wor"``: the same low (RRS without replacement accepts at least RRS), high of
+      :math:`\alpha^*_{wor}`; ``"kseq"``: its value on :math:`h_A` and on :math:`h_+` (:func:`_kseq_bounds`),
+      the high capped by :math:`\alpha^*_{iid}`'s; each low also at least :math:`\sum\min(p, q)`'s low.
+    * ``"nss"``: :func:`_nss_bounds`; ``"naive"``: :func:`_naive_low` to :math:`\alpha^*_{iid}`'s high.
+
+    ``exact_low`` is set for rrs, kseq, nss and naive where the tails fit disjointly (the pessimistic
+    completion attains the low end); every end is exact on complete rows. ``known`` may hold already computed
+    intervals for these positions and this ``n`` under the keys ``"overlap"``, ``"iid"`` and ``"wor"``, to
+    avoid computing them again.
+    """
+    name = as_choice(name, "name", TRUNCATED_QUANTITIES[3:])
+    n = as_count(n, "n")
+    s = positions
+    known = {} if known is None else known
+
+    def bound(quantity: str) -> Interval:
+        if quantity not in known:
+            known[quantity] = truncated_interval(s, quantity, n)
+        return known[quantity]
+
+    if name in ("greedy", "spechub"):
+        if name == "spechub" and n != 2:
+            raise ValueError(f"n must be 2 for the spechub verifier, got {n}")
+        return _closed_form_interval(s, n)
+    if name == "optimal":
+        return bound("iid")
+    if n == 1 and name in ("rrs", "naive", "kseq", "rrs_wor"):
+        return bound("overlap")  # one draft: every one of them is speculative sampling
+    fits = _needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged
+    exact_low = fits.copy()
+    if name in ("rrs", "rrs_wor", "kseq"):
+        lower, upper = (_kseq_bounds if name == "kseq" else _rrs_bounds)(_Curves(s), n)
+        lower = np.maximum(lower, bound("overlap").low)
+        if name == "rrs_wor":  # the i.i.d. RRS low holds (RRS wor accepts more), its high does not
+            upper = bound("wor").high.copy()
+            exact_low[:] = False
+        else:
+            upper = np.minimum(upper, bound("iid").high)
+    elif name == "nss":
+        lower, upper = _nss_bounds(s, n)
+        upper = np.minimum(upper, bound("iid").high)
+    else:  # naive
+        lower, upper = _naive_low(s, n), bound("iid").high.copy()
+    complete = s.complete
+    limit = verifier(name).max_exact_vocab(n)
+    if limit is not None and s.p.shape[1] > limit:
+        complete = np.zeros_like(complete)
+    exact_high = complete.copy()
+    if complete.any():
+        exact = verifier(name).acceptance(_dense(s, complete), _dense(s, complete, "q"), n)
+        lower[complete] = upper[complete] = exact
+        exact_low |= complete
+    return Interval(lower, np.maximum(upper, lower), exact_low, exact_high)
+
+
+def _dense(s: TopKPositions, rows: np.ndarray, side: str = "p") -> np.ndarray:
+    """Complete rows as ``(r, m)`` vectors on their slots (their unlogged entries are all zero)."""
+    values = s.p[rows] if side == "p" else s.q[rows]
+    return values / values.sum(axis=1, keepdims=True)
