@@ -254,12 +254,19 @@ def read_latency(path: str) -> LatencyProfile:
 
 
 def measure_latency(
-    model, drafter: str, sizes, *, temperature: float, context: int = 160, repeats: int = 5
+    model, drafter, sizes, *, temperature: float, context: int = 160, repeats: int = 5
 ) -> LatencyProfile:
     """Measure the latency profile in the run: median seconds of one verification pass over ``n`` tree nodes
     (a star: the root and ``n - 1`` children, scored with the tree mask, plus the target's probabilities) for
-    each ``n`` in ``sizes``, and of one draft pass (``drafter.draft_logits`` on one node plus its
-    probabilities).
+    each ``n`` in ``sizes``, and of one steady-state draft pass.
+
+    ``drafter`` is a drafter name (:func:`executor.drafters.parse_drafter`) or a drafter object. The drafter
+    sees the state the decoders give it (:meth:`executor.decoders.base.Decoder.generate`): the target
+    prefills the context, keeping its hidden states when the drafter ``needs_target_hidden`` (a feature head
+    drafts nothing without them), and the drafter's first call, which feeds it the whole context, is not
+    timed. Each round then plays one decoding step: a token is committed (the root and the bonus token, as
+    after a rejected draft), and the draft pass is the mean of the two calls a chain step makes, the root's
+    (which catches up on the committed token) and one child's.
 
     Every size and the drafter are timed once per round, in turn (round-robin), so that a change of machine
     load hits all of them alike; the first round warms up and is dropped.
@@ -271,30 +278,62 @@ def measure_latency(
 
     sizes = sorted({int(n) for n in sizes})
     sampling = Sampling(temperature=temperature)
-    context = max(2, min(context, model.config.max_seq_len - max(sizes) - 1))
-    slots = context + max(sizes) + 1
+    rounds = repeats + 1
+    context = max(2, min(context, model.config.max_seq_len - max(sizes) - rounds - 2))
+    slots = context + rounds + max(sizes) + 2
+    device = model.tok_embeddings.weight.device
     model.setup_cache(slots)
     prompt = [1 + i % max(model.config.vocab_size - 1, 1) for i in range(context + 1)]
-    draft = parse_drafter(drafter, model)
-    draft.start(prompt, slots)
+    draft = parse_drafter(drafter, model) if isinstance(drafter, str) else drafter
+    draft.check_target(model)
     state = DecodingState(tokens=list(prompt))
     samples: dict = {n: [] for n in [*sizes, "draft"]}
     with torch.no_grad():
-        for _ in range(repeats + 1):
+        if getattr(draft, "needs_target_hidden", False):
+            weight = model.tok_embeddings.weight
+            state.hidden = torch.zeros(slots, model.config.dim, dtype=weight.dtype, device=device)
+        out = model(
+            torch.tensor([prompt[:-1]], device=device),
+            torch.arange(context, device=device),
+            return_hidden=state.hidden is not None,
+        )
+        if state.hidden is not None:
+            state.hidden[:context] = out[1][0]
+        draft.start(prompt, slots)
+        draft.draft_logits(state, DraftTree(prompt[-1]), [0])  # feeds the whole context: not a steady step
+        for _ in range(rounds):
             for n in sizes:
                 tree = DraftTree(1)
                 for child in range(n - 1):
                     tree.add_child(0, child + 2)
                 start = time.perf_counter()
-                sampling.probs(run_tree(model, tree, list(range(n)), context))
+                sampling.probs(run_tree(model, tree, list(range(n)), state.committed))
                 samples[n].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            logits = draft.draft_logits(state, DraftTree(prompt[-1]), [0])
-            if logits is not None:
-                sampling.probs(logits)
-            samples["draft"].append(time.perf_counter() - start)
+            samples["draft"].append(_draft_step(draft, state, sampling))
     table = {n: float(np.median(samples[n][1:])) for n in sizes}
     return LatencyProfile(table, float(np.median(samples["draft"][1:])), "measured in the run (interleaved)")
+
+
+def _draft_step(draft, state, sampling) -> float:
+    """Commit one token (root and bonus, with its target feature when kept), then time the root's and one
+    child's draft pass; returns their mean, the seconds of one draft pass in a steady decoding step."""
+    from executor.decoders.base import DraftTree
+
+    previous = DraftTree(state.tokens[-1])
+    draft.commit(state, previous, [0])
+    if state.hidden is not None:  # the committed token's feature: any row of the right scale will do
+        state.hidden[state.committed] = state.hidden[state.committed - 1]
+    state.tokens.append(state.tokens[-2])
+    tree = DraftTree(state.tokens[-1])
+    start = time.perf_counter()
+    logits = draft.draft_logits(state, tree, [0])
+    if logits is None:
+        return time.perf_counter() - start
+    child = tree.add_child(0, int(sampling.probs(logits)[0].argmax()))
+    logits = draft.draft_logits(state, tree, [child])
+    if logits is not None:
+        sampling.probs(logits)
+    return (time.perf_counter() - start) / 2
 
 
 @dataclass

@@ -47,6 +47,15 @@ def add_arguments(parser) -> None:
         help="latency profile JSON from `specbound profile` (default: measured in the run)",
     )
     parser.add_argument("--out", default="runs/validate", help="run directory (resumed if it exists)")
+    parser.add_argument(
+        "--log-out",
+        default=None,
+        help="also write each evaluation run's drafted (p, q) to this directory, one .npz per run "
+        "(docs/logformat.md; read them with `specbound bound --logs 'DIR/*.npz'`)",
+    )
+    parser.add_argument(
+        "--log-top-k", type=int, default=None, help="with --log-out: top-k logs (default full (N, V) logs)"
+    )
     parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
@@ -75,14 +84,14 @@ def parse_temperatures(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def check_writable(out: str) -> None:
-    """``ValueError`` naming ``--out`` when the run directory cannot be created or written."""
+def check_writable(out: str, name: str = "--out") -> None:
+    """``ValueError`` naming ``name`` when the directory ``out`` cannot be created or written."""
     try:
         os.makedirs(out, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
             pass
     except OSError as error:
-        raise ValueError(f"--out: cannot write to {out}: {error.strerror or error}") from None
+        raise ValueError(f"{name}: cannot write to {out}: {error.strerror or error}") from None
 
 
 def config_from_args(args):
@@ -149,8 +158,14 @@ def run(args) -> int:
 
     config = config_from_args(args)
     check_writable(args.out)
+    if args.log_top_k is not None and args.log_top_k < 1:
+        raise ValueError(f"--log-top-k must be at least 1, got {args.log_top_k}")
+    if args.log_top_k is not None and args.log_out is None:
+        raise ValueError("--log-top-k needs --log-out")
+    if args.log_out is not None:
+        check_writable(args.log_out, "--log-out")
     set_torch_threads(args.threads)
-    run_apriori(config, args.out, restart=args.restart)
+    run_apriori(config, args.out, restart=args.restart, log_out=args.log_out, log_top_k=args.log_top_k)
     with open(os.path.join(args.out, "report.md")) as stream:
         print(stream.read())
     print(f"report written to {os.path.join(args.out, 'report.md')} (+ results.json and the PNGs)")

@@ -28,7 +28,7 @@ from experiments.apriori.calibrate import (
 )
 from experiments.apriori.predict import BucketStopRule, DecoderConfig, plan_configurations, predict
 
-__all__ = ["AprioriConfig", "calibration_records", "run_apriori", "run_generation"]
+__all__ = ["AprioriConfig", "calibration_records", "run_apriori", "run_generation", "write_unit_log"]
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,14 @@ def run_generation(
     eos_id: int | None = None,
     calibration: Calibration | None = None,
     grid: tuple[tuple[str, int], ...] = (),
+    log_path=None,
+    log_top_k: int | None = None,
 ) -> dict:
-    """Generate once and return the unit record: counts, times, acceptance by position and event records."""
+    """Generate once and return the unit record: counts, times, acceptance by position and event records.
+
+    With ``log_path``, the drafted positions' ``(p, q)`` are also written there in the project's log format
+    (:func:`write_unit_log`).
+    """
     import torch
 
     from executor.logs import step_distributions
@@ -152,6 +158,8 @@ def run_generation(
     built, recorder = build_decoder(decoder, model, drafter, temperature, calibration)
     generator = torch.Generator(device=model.tok_embeddings.weight.device).manual_seed(seed)
     result = built.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+    if log_path is not None:
+        write_unit_log(result, log_path, temperature=temperature, top_k=log_top_k)
     depth = max((len(s.accepted) for s in result.steps), default=0)
     reached = [sum(1 for s in result.steps if s.n_accepted > i) for i in range(depth)]
     records = []
@@ -188,6 +196,18 @@ def run_generation(
     }
 
 
+def write_unit_log(result, path, *, temperature: float, top_k: int | None = None) -> int:
+    """Write one generation's drafted positions as a log of docs/logformat.md (full, or top-k with ``top_k``),
+    readable by ``specbound bound --logs``; returns the rows written (a generation that drafted nothing, such
+    as plain decoding, writes no file and returns 0)."""
+    from experiments.logformat import write_generation_log
+
+    drafted = [step for step in result.steps if step.expanded]  # a stop rule may draft nothing in a step
+    if not drafted:
+        return 0
+    return write_generation_log([replace(result, steps=drafted)], path, top_k=top_k, temperature=temperature)
+
+
 def calibration_records(units: list[dict]) -> list[dict]:
     """Every event record of a list of unit records, in order."""
     return [record for unit in units for record in unit["records"]]
@@ -216,10 +236,15 @@ def run_apriori(
     model=None,
     prompt_ids: list[list[int]] | None = None,
     eos_id: int | None = None,
+    log_out=None,
+    log_top_k: int | None = None,
 ) -> dict:
     """Run (or resume) the a-priori validation into ``out``; returns the report (see the module docstring).
 
     ``model`` and ``prompt_ids`` replace the embedded model and the HumanEval prompts (tests use a tiny model).
+    With ``log_out``, each evaluation generation's drafted positions are written to
+    ``<log_out>/T<t>--<decoder>--<prompt>.npz`` (:func:`write_unit_log`); on a rerun a finished unit whose log
+    is missing is generated again for its log only (its measurement is kept).
     """
     from executor.device import resolve_dtype
     from experiments.apriori.report import build_report
@@ -322,7 +347,10 @@ def run_apriori(
     jobs = [(t, i, d) for t in config.temperatures for i in evaluation_half for d in plans[t][1]]
     for t, index, decoder in bar(jobs, desc="evaluate"):
         path = out / "units" / f"eval-{_tag(t)}--{decoder.label}--{index:03d}.json"
-        if path.exists():
+        log_path = None
+        if log_out is not None and decoder.kind != "ar":
+            log_path = Path(log_out) / f"{_tag(t)}--{decoder.label}--{index:03d}.npz"
+        if path.exists() and (log_path is None or log_path.exists()):
             continue
         grid = ((decoder.verifier, decoder.n),) if decoder.kind == "multidraft" else ()
         record = run_generation(
@@ -336,8 +364,11 @@ def run_apriori(
             eos_id=eos_id,
             calibration=plans[t][0],
             grid=grid,
+            log_path=log_path,
+            log_top_k=log_top_k,
         )
-        _write_json({"prompt": index, **record}, path)
+        if not path.exists():
+            _write_json({"prompt": index, **record}, path)
     return build_report(config, out, drafter)
 
 

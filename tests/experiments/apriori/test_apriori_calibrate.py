@@ -206,3 +206,54 @@ def test_latency_is_measured_for_every_size_and_the_drafter():
     latency = measure_latency(model, "early-exit:1", [1, 2, 4], temperature=1.0, context=16, repeats=2)
     assert sorted(latency.target_time) == [1, 2, 4] and all(t > 0 for t in latency.target_time.values())
     assert latency.draft_time > 0 and "measured" in latency.source
+
+
+class CountingDrafter:
+    """Wraps a drafter and keeps what each ``draft_logits`` call returned (``None`` or a row count)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.returned: list[int | None] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_logits(self, state, tree, nodes):
+        logits = self.inner.draft_logits(state, tree, nodes)
+        self.returned.append(None if logits is None else logits.shape[0])
+        return logits
+
+
+def test_a_feature_drafter_is_timed_on_the_state_the_decoders_give_it():
+    # A feature head drafts nothing without the target's hidden states: timing it on a bare state measured a
+    # call that returns None, so c = 0 and every predicted speedup was inflated.
+    from experiments.apriori.calibrate import measure_latency
+    from tests.executor.test_drafters_feature import drafter_for
+
+    model = build_tiny_model(seed=1, vocab_size=10, n_layers=2, max_seq_len=64)
+    drafter = CountingDrafter(drafter_for(model))
+    latency = measure_latency(model, drafter, [1, 2], temperature=1.0, context=16, repeats=3)
+    # One untimed call feeding the context, then a root and a child call per round (4 rounds): all drafted.
+    assert drafter.returned == [1] * 9
+    cost = latency.draft_time / latency.target_time[1]
+    assert cost > 0.05, (
+        f"a one-layer head on a two-layer target must cost a fair part of a pass, got c = {cost}"
+    )
+
+
+class HiddenBlindDrafter(CountingDrafter):
+    """The bug's state: the feature head is not given the target's hidden states."""
+
+    needs_target_hidden = False
+
+
+def test_a_feature_drafter_without_hidden_states_drafts_nothing_and_looks_free():
+    # Negative control for the test above: the old bare state gives None at every call and c close to 0.
+    from experiments.apriori.calibrate import measure_latency
+    from tests.executor.test_drafters_feature import drafter_for
+
+    model = build_tiny_model(seed=1, vocab_size=10, n_layers=2, max_seq_len=64)
+    drafter = HiddenBlindDrafter(drafter_for(model))
+    latency = measure_latency(model, drafter, [1, 2], temperature=1.0, context=16, repeats=3)
+    assert drafter.returned == [None] * 5
+    assert latency.draft_time / latency.target_time[1] < 0.05

@@ -17,6 +17,8 @@ from experiments.cli import main
         (["--temperature", "hot"], "--temperatures"),
         (["--prompts", "1"], "--prompts"),
         (["--drafter", "oracle"], "--drafter"),
+        (["--log-top-k", "5"], "--log-top-k"),
+        (["--log-out", "logs", "--log-top-k", "0"], "--log-top-k"),
     ],
 )
 def test_bad_arguments_exit_non_zero_naming_them(extra, name, tmp_path, capsys):
@@ -30,6 +32,13 @@ def test_unwritable_output_directory_is_named(tmp_path, capsys):
     assert main(["validate", "--quick", "--out", str(blocker / "run")]) == 2
     assert "--out" in capsys.readouterr().err
     assert not os.path.exists(blocker / "run")
+
+
+def test_unwritable_log_directory_is_named(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main(["validate", "--quick", "--out", str(tmp_path / "run"), "--log-out", str(blocker / "x")]) == 2
+    assert "--log-out" in capsys.readouterr().err
 
 
 def test_optimal_verifier_joins_the_grid_only_when_the_executor_has_it(monkeypatch):

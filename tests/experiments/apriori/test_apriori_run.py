@@ -55,7 +55,7 @@ def tiny_run(tmp_path_factory):
         patch.setattr(
             experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
         )
-        assert main([*ARGS, "--out", str(out)]) == 0
+        assert main([*ARGS, "--out", str(out), "--log-out", str(out / "logs")]) == 0
         yield out, patch
 
 
@@ -81,6 +81,55 @@ def test_quick_validate_writes_every_section(tiny_run):
             assert row["measured_tau"] == row["predicted_tau"] == 1.0
         if row["temperature"] == 0 and row["kind"] != "ar":
             assert row["replay_tau"] == pytest.approx(row["measured_tau"])  # greedy: replay is exact
+
+
+def test_log_out_writes_every_evaluation_run_in_the_log_format_bound_reads(tiny_run, capsys):
+    import numpy as np
+
+    import theory
+    from experiments.logformat import LogShard
+
+    out, _ = tiny_run
+    units = [json.loads(p.read_text()) for p in sorted((out / "units").glob("eval-*.json"))]
+    logs = sorted((out / "logs").glob("*.npz"))
+    drafting = [u for u in units if u["decoder"] != "ar" and u["drafted_steps"] > 0]
+    assert len(logs) == len(drafting) and not list((out / "logs").glob("*--ar--*"))
+    rows = 0
+    for unit in drafting:
+        name = f"T{unit['temperature']:g}--{unit['decoder']}--{unit['prompt']:03d}.npz"
+        shard = LogShard.open(out / "logs" / name)
+        assert shard.kind == "full" and shard.vocab_size == 10 and shard.rows >= unit["drafted_steps"]
+        rows += shard.rows
+        if unit["decoder"] == "kseq-n3" and unit["temperature"] == 1.0:
+            # A multi-draft step expands the root only, and every root is verified: row i of the log is the
+            # (p, q) of event i, whose exact acceptance the run recorded.
+            with np.load(out / "logs" / name) as archive:
+                p, q, temperature = archive["p"], archive["q"], float(archive["temperature"])
+            assert temperature == 1.0 and shard.rows == len(unit["records"])
+            p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+            exact = theory.verifier("kseq").acceptance(p.astype(np.float64), q.astype(np.float64), 3)
+            recorded = [r["replay"] for r in unit["records"]]
+            np.testing.assert_allclose(exact, recorded, atol=1e-5)
+    capsys.readouterr()
+    # Greedy (T = 0) logs hold one-hot q: only the i.i.d. draft law is defined on them with n = 2.
+    arguments = ["bound", "--logs", str(out / "logs" / "*.npz"), "-n", "2", "--draft", "iid"]
+    arguments += ["--verifiers", "rrs", "--workers", "0", "--no-progress", "--json"]
+    assert main(arguments) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["positions"] == rows and summary["shards"]["skipped_count"] == 0
+
+
+def test_a_rerun_with_log_out_writes_missing_logs_and_keeps_the_measurements(tiny_run, tmp_path):
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    logs = sorted((out / "logs").glob("*.npz"))
+    logs[0].unlink()
+    units = sorted((out / "units").glob("eval-*.json"))
+    before = {p: p.read_text() for p in units}
+    assert main([*ARGS, "--out", str(out), "--log-out", str(out / "logs")]) == 0
+    assert logs[0].exists() and sorted((out / "logs").glob("*.npz")) == logs
+    assert {p: p.read_text() for p in units} == before
 
 
 def test_an_interrupted_run_resumes_with_the_same_predictions(tiny_run, tmp_path):
