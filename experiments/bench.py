@@ -137,7 +137,7 @@ def run_bench(
     for index, key in iterator:
         current[key] = runners[key](prompts[index % len(prompts)], max_new_tokens, seed + index)
         if len(current) == len(keys):
-            done.append(current)
+            done.append({key: current[key] for key in keys})
             current = {}
             if checkpoint:
                 save_checkpoint(checkpoint, fingerprint, prepared, done)

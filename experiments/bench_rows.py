@@ -1,5 +1,6 @@
-"""The rows of ``specbound bench`` on real models: transformers peers, our decoders, the measured forward costs
-and the trees planned from them (the engine that runs the rows is :mod:`experiments.bench`).
+"""The rows of ``specbound bench`` on real models: the options, the models, the transformers peers and our
+decoders (the engine that runs the rows is :mod:`experiments.bench`, the planned trees come from
+:mod:`experiments.bench_plan`).
 
 Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same GGUF weights, same threads):
 
@@ -19,16 +20,7 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   arXiv 2402.12374, §4.1) chooses from this run's measured forward costs and the drafter's measured
   acceptance per child rank.
 
-**Forward costs** (:func:`measure_forward`): :func:`experiments.profiling.profile_costs` -- the measurement of
-``specbound profile`` -- one repeat at a time, round-robin over the dtypes and drafters, so the dtypes'
-t(n) are compared under the same load (the ratio bfloat16 / float32 per n is reported). Each (dtype, drafter)
-profile is written in ``specbound profile``'s format, which ``plan-tree --latency`` reads.
-
-**Acceptance per child rank** (:func:`rank_acceptance`): Sequoia's positional acceptance vector, measured as
-the Sequoia paper does: a star tree of ``W`` children of the root is drafted (the draft's top ``W`` at
-temperature 0, ``W`` draws without replacement verified by RRS-without-replacement otherwise) and the rank of
-the accepted child is counted; ``acc[k]`` = fraction of steps accepting the ``(k+1)``-th child. Measured on
-the bench's own prompts before the timed rounds (untimed, ``calibration_tokens`` per prompt).
+How the planned trees are planned: :mod:`experiments.bench_plan`.
 """
 
 from __future__ import annotations
@@ -40,15 +32,7 @@ from functools import partial
 
 from experiments.bench import Record, RowKey
 
-__all__ = [
-    "BenchConfig",
-    "build_runners",
-    "load_peer",
-    "load_target",
-    "measure_forward",
-    "plan_rows",
-    "rank_acceptance",
-]
+__all__ = ["BenchConfig", "build_runners", "load_peer", "load_target", "model_drafters"]
 
 DTYPES = ("float32", "bfloat16")
 VERIFIERS = ("rrs", "optimal")
@@ -264,195 +248,3 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
         if label in planned:
             rows[f"plan-tree-{label}"] = ours(TreeDecoder, drafter, tree=planned[label])
     return rows
-
-
-# --- forward costs and planned trees ----------------------------------------------------------------------
-
-
-def measure_forward(targets: dict, context: list[int], config: BenchConfig, *, progress: bool = False):
-    """Forward costs per dtype, dtypes and drafters interleaved; ``(forward rows, {(dtype, label): profile})``.
-
-    Every round calls :func:`experiments.profiling.profile_costs` once (one repeat) for each dtype and model
-    drafter in turn; the first round warms up. Each profile has the format of ``specbound profile``
-    (docs/profile.md) built from all the rounds' samples; the forward rows hold each dtype's median t(n) in ms
-    and, with both dtypes, their ratio bfloat16 / float32.
-    """
-    from executor.drafters import parse_drafter
-    from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION, power_of_two_sizes, profile_costs
-
-    sizes = power_of_two_sizes(1 << (config.plan_budget - 1).bit_length())
-    widths = power_of_two_sizes(1 << (config.plan_width - 1).bit_length())
-    jobs = []
-    for dtype in config.dtypes:
-        model, specs = targets[dtype]
-        for label, spec in specs.items() or [(None, None)]:
-            jobs.append((dtype, model, label, None if spec is None else parse_drafter(spec, model)))
-    target = {dtype: {n: [] for n in sizes} for dtype in config.dtypes}
-    drafted = {(dtype, label): {"token": [], **{w: [] for w in widths}} for dtype, _, label, _ in jobs}
-    rounds = range(1 + config.latency_repeats)
-    if progress:
-        from tqdm import tqdm
-
-        rounds = tqdm(rounds, desc="forward costs", unit="round")
-    for round_index in rounds:
-        for dtype, model, label, drafter in jobs:
-            measured = profile_costs(
-                model, context, drafter=drafter, sizes=sizes, widths=widths, repeats=1, warmup=0
-            )
-            if round_index == 0:
-                continue
-            for n, seconds in zip(sizes, measured["target"]["times"], strict=True):
-                target[dtype][n].append(seconds)
-            if drafter is not None:
-                drafted[(dtype, label)]["token"].append(measured["drafter"]["per_token"]["median"])
-                for w, seconds in zip(widths, measured["drafter"]["per_level"]["times"], strict=True):
-                    drafted[(dtype, label)][w].append(seconds)
-    profiles = {}
-    for dtype, _, label, drafter in jobs:
-        if drafter is None:
-            continue
-        profiles[(dtype, label)] = _profile(
-            target[dtype], drafted[(dtype, label)], drafter.name, len(context), config, dtype
-        )
-        profiles[(dtype, label)].update(format=PROFILE_FORMAT, version=PROFILE_VERSION)
-    forward = []
-    for n in sizes:
-        medians = {dtype: 1e3 * _median(target[dtype][n]) for dtype in config.dtypes}
-        row = {"n": n, "median_ms": medians}
-        if {"float32", "bfloat16"} <= set(medians):
-            row["bfloat16_over_float32"] = medians["bfloat16"] / medians["float32"]
-        forward.append(row)
-    return forward, profiles
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
-
-
-def _profile(target: dict, drafted: dict, name: str, context: int, config: BenchConfig, dtype: str) -> dict:
-    """A ``specbound profile`` document (docs/profile.md) from interleaved samples."""
-    from experiments.profiling import summarise_times
-
-    stats = [{"n": n, **summarise_times(times)} for n, times in target.items()]
-    base = stats[0]["median"]
-    token = summarise_times(drafted["token"])
-    widths = [w for w in drafted if w != "token"]
-    levels = [{"width": w, **summarise_times(drafted[w])} for w in widths]
-    return {
-        "model": "bench target",
-        "dtype": dtype,
-        "device": "cpu",
-        "context_tokens": context,
-        "repeats": config.latency_repeats,
-        "warmup": 1,
-        "source": "specbound bench (dtypes and drafters interleaved)",
-        "target": {
-            "sizes": list(target),
-            "times": [row["median"] for row in stats],
-            "relative": [row["median"] / base for row in stats],
-            "stats": stats,
-        },
-        "drafter": {
-            "name": name,
-            "per_token": token,
-            "per_level": {"widths": widths, "times": [row["median"] for row in levels], "stats": levels},
-            "draft_time": token["median"],
-            "level_time": levels[-1]["median"],
-            "cost_ratio": token["median"] / base,
-        },
-    }
-
-
-def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float, width: int, tokens: int):
-    """Sequoia's acceptance per child rank, measured with a star tree of ``width`` children (module docstring).
-
-    Returns ``(acc, steps)``: ``acc[k]`` = fraction of the ``steps`` decoding steps that accepted the
-    ``(k+1)``-th child (``sum(acc) <= 1``).
-    """
-    import torch
-
-    from executor.decoders import Sampling, TreeDecoder
-
-    decoder = TreeDecoder(
-        model,
-        drafter,
-        tree=[-1] + [0] * width,
-        verifier="rrs_wor",
-        sampling=Sampling(temperature=temperature),
-    )
-    counts, steps = [0] * width, 0
-    for index, prompt in enumerate(prompts):
-        result = decoder.generate(prompt, tokens, generator=torch.Generator().manual_seed(10_000 + index))
-        for step in result.steps:
-            steps += 1
-            if len(step.accepted_path) > 1:
-                counts[step.accepted_path[1] - 1] += 1
-    return [c / steps for c in counts], steps
-
-
-def plan_rows(
-    targets: dict, profiles: dict, prompts: list[list[int]], config: BenchConfig, stem: str, *, progress=False
-) -> list[dict]:
-    """The tree :func:`theory.plan_tree` plans per dtype, temperature and model drafter.
-
-    Writes ``STEM.latency-DTYPE-LABEL.json`` (the profile) and ``STEM.acceptance-DTYPE-TT-LABEL.json`` (the
-    vector) so that ``specbound plan-tree --acceptance ... --latency ... --budget B --max-depth D --max-width
-    W`` reproduces each plan; returns one dict per plan (its ``parents``, size, depth, predicted speedup and
-    that command).
-    """
-    from executor.drafters import parse_drafter
-    from executor.files import write_json
-    from experiments.profiling import profile_target_times
-    from theory import plan_tree
-
-    plans = []
-    jobs = [
-        (dtype, label, spec, temperature)
-        for dtype in config.dtypes
-        for label, spec in targets[dtype][1].items()
-        for temperature in config.temperatures
-    ]
-    if progress:
-        from tqdm import tqdm
-
-        jobs = tqdm(jobs, desc="acceptance per rank", unit="plan")
-    for dtype, label, spec, temperature in jobs:
-        model = targets[dtype][0]
-        profile = profiles[(dtype, label)]
-        latency = f"{stem}.latency-{dtype}-{label}.json"
-        write_json(profile, latency)
-        drafter = parse_drafter(spec, model)
-        acc, steps = rank_acceptance(
-            model, drafter, prompts, temperature, config.plan_width, config.calibration_tokens
-        )
-        acceptance = f"{stem}.acceptance-{dtype}-T{temperature:g}-{label}.json"
-        write_json({"acceptance": acc, "steps": steps}, acceptance)
-        plan = plan_tree(
-            acc,
-            profile_target_times(profile),
-            profile["drafter"]["level_time"],
-            max_budget=config.plan_budget,
-            max_depth=config.plan_depth,
-            max_width=config.plan_width,
-        )
-        plans.append(
-            {
-                "drafter": label,
-                "dtype": dtype,
-                "temperature": float(temperature),
-                "acceptance": acc,
-                "calibration_steps": steps,
-                "cost_ratio": profile["drafter"]["cost_ratio"],
-                "parents": [int(p) for p in plan.tree.parents],
-                "size": plan.size,
-                "depth": plan.depth,
-                "expected_tokens": plan.expected_tokens,
-                "speedup": plan.speedup,
-                "command": f"specbound plan-tree --acceptance {acceptance} --latency {latency} "
-                f"--budget {config.plan_budget} --max-depth {config.plan_depth} "
-                f"--max-width {config.plan_width}",
-            }
-        )
-    return plans

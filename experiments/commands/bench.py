@@ -101,7 +101,7 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from experiments import bench_rows
+    from experiments import bench_plan, bench_rows
     from experiments.apriori.cli import check_writable
     from experiments.bench import checkpoint_path, read_checkpoint, run_bench, summarise, write_report
     from experiments.commands import set_torch_threads
@@ -139,19 +139,30 @@ def run(args) -> int:
         peer_rows = ["hf-generate", "hf-early-exit", *(f"hf-prompt-lookup-k{k}" for k in config.lookups)]
         wants_peer = any(config.wants(name) for name in peer_rows)
         peers[dtype] = bench_rows.load_peer(dtype, config) if wants_peer else None
+    # Which rows run, before anything is measured (a plan-tree row stands for the tree planned later).
+    unplanned = [
+        {"drafter": label, "dtype": dtype, "temperature": float(t), "parents": [-1]}
+        for dtype, (_, specs) in targets.items()
+        for label in specs
+        for t in config.temperatures
+    ]
+    selected = bench_rows.build_runners(config, targets, peers, unplanned)
+    if not selected:
+        raise ValueError(f"--rows: no row matches {args.rows!r}")
     prompts = [tokenizer.encode(text) for text in texts]
-    stem = os.path.splitext(args.out)[0]
     if saved is not None:
         prepared = saved["prepared"]
         print(f"resuming {checkpoint}: {len(saved['rounds'])} round(s) done")
     else:
         context = context_ids(tokenizer, config.context)
-        forward, profiles = bench_rows.measure_forward(targets, context, config, progress=True)
-        plans = bench_rows.plan_rows(targets, profiles, prompts, config, stem, progress=True)
+        models = {dtype: model for dtype, (model, _) in targets.items()}
+        forward, samples = bench_plan.measure_forward(models, context, config, progress=True)
+        plans = []
+        if any(key.decoder.startswith("plan-tree-") for key in selected):
+            stem = os.path.splitext(args.out)[0]
+            plans = bench_plan.plan_rows(targets, samples, prompts, config, stem, progress=True)
         prepared = {"forward": forward, "plans": plans}
     runners = bench_rows.build_runners(config, targets, peers, prepared["plans"])
-    if not runners:
-        raise ValueError(f"--rows: no row matches {args.rows!r}")
     done = run_bench(
         runners,
         prompts,
