@@ -1,173 +1,314 @@
-"""``specbound bench``: tokens per second of our best decoders against ``transformers`` on the same prompts.
+"""``specbound bench``: the one benchmark engine -- tokens per second, tau and acceptance by position of our
+decoders against ``transformers`` on the same prompts, in the same run.
 
-Rows, for each dtype (float32 and bfloat16 by default), all greedy on the same GGUF weights, same threads:
+A *row* is one decoder in one dtype at one temperature (:class:`RowKey`); a *runner* generates one prompt with
+it and returns a :class:`Record` (generated tokens, wall seconds, and for our decoders the step counts behind
+tau and the per-position acceptance). The rows themselves are built in :mod:`experiments.bench_rows`.
 
-* ``hf-generate`` -- ``transformers`` ``generate`` (plain decoding), the baseline of the ratios;
-* ``hf-prompt-lookup`` -- ``generate(prompt_lookup_num_tokens=K)`` (prompt lookup decoding, Saxena 2023);
-* ``hf-early-exit`` -- ``generate(assistant_early_exit=L)`` (LayerSkip self-speculation, Elhoushi et al.,
-  ACL 2024, arXiv 2404.16710, as assisted generation);
-* ``ar`` -- our autoregressive decoder; ``chain-ngram``, ``chain-early-exit``, ``tree-early-exit`` -- our
-  speculative decoders with the same drafters; ``chain-feature``, ``tree-feature`` -- with the trained feature
-  head (EAGLE/Falcon family), when one is cached (``specbound train-drafter --kind feature``).
+Interleaved rounds: a round is one prompt (repeated ``rounds`` times); every row runs it once, in turn, the
+order rotated by one from round to round, so a change of machine load hits every row alike and no row is
+always first. After each round the records are checkpointed (temp file + ``os.replace``); an interrupted run
+resumes at the first unfinished round when it is restarted with the same settings.
 
-Every prompt runs every row once, in turn, the order rotated from prompt to prompt (interleaved: a change of
-machine load hits every row alike, and no row is always first). Tokens per second = generated tokens / wall
-time, prefill included, summed over prompts; each row's ratio is against ``hf-generate`` and ``ar`` of the same
-dtype, measured in the same run. The engine (:func:`run_bench`, :func:`summarise`) takes any runners, so that
-it is tested without a model.
+Summary of a row over all rounds (:func:`summarise`):
+
+* tokens/s = generated tokens / wall time, prefill included, both summed over rounds;
+* :math:`\\tau` = emitted tokens / target forward passes (bonus token counted, plain decoding has
+  :math:`\\tau = 1`; Leviathan et al., ICML 2023, arXiv 2211.17192, §3.1);
+* acceptance by position ``d`` = steps whose accepted path reached depth ``d`` / steps that drafted (vLLM's
+  per-position acceptance rate);
+* ``vs_ar`` = tokens/s over our plain decoding (``ar``) in the same dtype and at the same temperature -- the
+  speedup; ``vs_hf_generate`` the same against ``transformers`` ``generate``;
+* at temperature 0, ``agrees_with_ar``: the fraction of rounds whose generated tokens equal ``ar``'s in the
+  same dtype (greedy speculative decoding must reproduce plain greedy decoding, up to near-ties in the
+  logits); ``None`` at temperature > 0.
 """
 
 from __future__ import annotations
 
-import time
+import json
+import os
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["build_runners", "render_markdown", "run_bench", "summarise"]
+from executor.files import write_json, write_text
 
-#: ``runner(prompt_ids, max_new_tokens) -> (generated tokens, seconds)``
-Runner = Callable[[list[int], int], tuple[int, float]]
+__all__ = [
+    "Record",
+    "RowKey",
+    "checkpoint_path",
+    "read_checkpoint",
+    "render_markdown",
+    "run_bench",
+    "save_checkpoint",
+    "summarise",
+    "write_report",
+]
+
+
+@dataclass(frozen=True, order=True)
+class RowKey:
+    """One row: decoder name (e.g. ``"chain-feature"``), dtype name and sampling temperature."""
+
+    decoder: str
+    dtype: str
+    temperature: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.decoder}@{self.dtype}@T{self.temperature:g}"
+
+
+@dataclass
+class Record:
+    """One runner call. ``steps``/``emitted``/``reached``/``drafting`` are ``None`` for peers (transformers):
+    ``reached[d]`` counts steps whose accepted path reached depth ``d + 1``, ``drafting`` the steps that
+    drafted. ``token_ids`` (our decoders and peers alike) lets greedy rows be compared with ``ar``."""
+
+    tokens: int
+    seconds: float
+    steps: int | None = None
+    emitted: int | None = None
+    reached: list[int] | None = None
+    drafting: int | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_generation(cls, result) -> Record:
+        """From an :class:`executor.logs.GenerationResult`."""
+        drafting = [s for s in result.steps if s.n_drafted > 0]
+        depth = max((len(s.accepted) for s in drafting), default=0)
+        reached = [0] * depth
+        for step in drafting:
+            for d, ok in enumerate(step.accepted):
+                reached[d] += int(bool(ok))
+        return cls(
+            tokens=result.n_tokens,
+            seconds=result.wall_time,
+            steps=len(result.steps),
+            emitted=sum(len(s.emitted) for s in result.steps),
+            reached=reached,
+            drafting=len(drafting),
+            token_ids=list(result.token_ids),
+        )
+
+
+#: ``runner(prompt_ids, max_new_tokens, seed) -> Record``
+Runner = Callable[[list[int], int, int], Record]
 
 
 def run_bench(
-    runners: dict[str, Runner], prompts: list[list[int]], max_new_tokens: int, *, progress=None
-) -> dict:
-    """Run every runner on every prompt, interleaved and rotated; returns ``{name: {"tokens", "seconds"}}``.
+    runners: dict[RowKey, Runner],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    rounds: int = 1,
+    seed: int = 0,
+    checkpoint: str | None = None,
+    fingerprint: dict | None = None,
+    prepared: dict | None = None,
+    progress=None,
+) -> list[dict[RowKey, Record]]:
+    """Run every row on every prompt, ``rounds`` times, interleaved and rotated; one dict of records per round.
 
-    Each runner first generates 4 tokens from the first prompt, untimed (allocations, lazy initialisation).
+    Round ``r`` runs prompt ``r % len(prompts)`` with seed ``seed + r`` (the sampling seed of every row, so
+    that at temperature > 0 all rows of a round see the same random stream where they draw alike). Each row
+    first generates 4 tokens from the first prompt, untimed (allocations, lazy initialisation).
+
+    With ``checkpoint`` (a path), the finished rounds are saved there after each round together with
+    ``fingerprint`` and ``prepared`` (what the rows were built from, e.g. the planned trees: see
+    :func:`read_checkpoint`); a run whose checkpoint has the same fingerprint and rows skips them (resume).
+    ``progress`` wraps an iterable of ``(round, row)`` pairs (e.g. a tqdm bar).
     """
     if not runners or not prompts:
         raise ValueError("runners and prompts must be non-empty")
-    names = list(runners)
-    for name in names:
-        runners[name](prompts[0], min(4, max_new_tokens))
-    totals = {name: {"tokens": 0, "seconds": 0.0} for name in names}
-    iterator = progress(prompts) if progress else prompts
-    for index, prompt in enumerate(iterator):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            tokens, seconds = runners[name](prompt, max_new_tokens)
-            totals[name]["tokens"] += int(tokens)
-            totals[name]["seconds"] += float(seconds)
-    return totals
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    keys = list(runners)
+    saved = read_checkpoint(checkpoint, fingerprint) if checkpoint else None
+    done = _rounds(saved, keys)
+    total = rounds * len(prompts)
+    if len(done) < total:
+        for key in keys:
+            runners[key](prompts[0], min(4, max_new_tokens), seed)
+    pairs = [(r, key) for r in range(len(done), total) for key in _rotated(keys, r)]
+    iterator = progress(pairs) if progress else pairs
+    current: dict[RowKey, Record] = {}
+    for index, key in iterator:
+        current[key] = runners[key](prompts[index % len(prompts)], max_new_tokens, seed + index)
+        if len(current) == len(keys):
+            done.append({key: current[key] for key in keys})
+            current = {}
+            if checkpoint:
+                save_checkpoint(checkpoint, fingerprint, prepared, done)
+    return done
 
 
-def summarise(totals: dict[str, dict]) -> list[dict]:
-    """Rows with tokens/s and the ratios to ``hf-generate`` and ``ar`` of the same dtype (names ``row@dtype``)."""
-    speed = {
-        name: t["tokens"] / t["seconds"] if t["seconds"] > 0 else float("nan") for name, t in totals.items()
-    }
-    rows = []
-    for name, t in totals.items():
-        label, _, dtype = name.partition("@")
-        suffix = f"@{dtype}" if dtype else ""
-        rows.append(
-            {
-                "decoder": label,
-                "dtype": dtype or None,
-                "tokens": t["tokens"],
-                "seconds": t["seconds"],
-                "tokens_per_s": speed[name],
-                "vs_hf_generate": speed[name] / speed.get(f"hf-generate{suffix}", float("nan")),
-                "vs_ar": speed[name] / speed.get(f"ar{suffix}", float("nan")),
-            }
-        )
-    return rows
+def _rotated(keys: list, index: int) -> list:
+    shift = index % len(keys)
+    return keys[shift:] + keys[:shift]
+
+
+def save_checkpoint(path: str, fingerprint, prepared, done: list[dict[RowKey, Record]]) -> None:
+    """Write the checkpoint (atomically): fingerprint, prepared data and the finished rounds."""
+    rounds = [[{"row": asdict(k), "record": asdict(r)} for k, r in rnd.items()] for rnd in done]
+    write_json({"fingerprint": fingerprint, "prepared": prepared, "rounds": rounds}, path)
+
+
+def read_checkpoint(path: str, fingerprint) -> dict | None:
+    """The checkpoint at ``path`` if it was written with the same ``fingerprint``, else ``None``."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as stream:
+            data = json.load(stream)
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("fingerprint") != json.loads(json.dumps(fingerprint)):
+        return None
+    return data
+
+
+def _rounds(saved: dict | None, keys: list[RowKey]) -> list[dict[RowKey, Record]]:
+    """The finished rounds of a checkpoint, if it ran exactly these rows; else ``[]``."""
+    done = []
+    for rnd in (saved or {}).get("rounds", []):
+        records = {RowKey(**item["row"]): Record(**item["record"]) for item in rnd}
+        if set(records) != set(keys):
+            return []
+        done.append({key: records[key] for key in keys})
+    return done
+
+
+def checkpoint_path(out: str) -> str:
+    """Where the run writing ``out`` keeps its checkpoint (removed once the report is written)."""
+    return os.path.splitext(out)[0] + ".partial.json"
+
+
+def summarise(done: list[dict[RowKey, Record]]) -> list[dict]:
+    """One summary row per :class:`RowKey` (see the module docstring), in the order the rows were given."""
+    if not done:
+        raise ValueError("done must hold at least one finished round")
+    keys = list(done[0])
+    totals = {}
+    for key in keys:
+        records = [rnd[key] for rnd in done]
+        tokens = sum(r.tokens for r in records)
+        seconds = sum(r.seconds for r in records)
+        row = {
+            **asdict(key),
+            "rounds": len(records),
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
+            "tau": None,
+            "acceptance_per_position": None,
+        }
+        if all(r.steps is not None for r in records):
+            steps = sum(r.steps for r in records)
+            drafting = sum(r.drafting for r in records)
+            depth = max(len(r.reached) for r in records)
+            reached = [sum(r.reached[d] for r in records if d < len(r.reached)) for d in range(depth)]
+            row["tau"] = sum(r.emitted for r in records) / steps if steps else float("nan")
+            row["acceptance_per_position"] = [count / drafting for count in reached] if drafting else []
+        totals[key] = row
+    for key, row in totals.items():
+        for name, baseline in (("vs_ar", "ar"), ("vs_hf_generate", "hf-generate")):
+            base = totals.get(RowKey(baseline, key.dtype, key.temperature))
+            row[name] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+        ar = RowKey("ar", key.dtype, key.temperature)
+        if key.temperature == 0 and ar in totals:
+            same = [rnd[key].token_ids == rnd[ar].token_ids for rnd in done]
+            row["agrees_with_ar"] = sum(same) / len(same)
+        else:
+            row["agrees_with_ar"] = None
+    return list(totals.values())
+
+
+def _number(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _positions(values, shown: int = 4) -> str:
+    if values is None:
+        return "–"
+    if not values:
+        return "(no drafts)"
+    text = " ".join(f"{v:.2f}" for v in values[:shown])
+    return text + (" …" if len(values) > shown else "")
 
 
 def render_markdown(result: dict) -> str:
+    """The report: settings, the rows per temperature, the forward costs per dtype and the planned trees."""
     settings = result["settings"]
     lines = [
-        "# specbound bench: tokens per second against transformers",
+        "# specbound bench: our decoders against transformers",
         "",
-        f"{settings['prompts']} HumanEval prompts, {settings['max_new_tokens']} new tokens, greedy, "
-        f"{settings['threads']} threads; rows interleaved per prompt. Ratios against `hf-generate` and our `ar` "
-        "of the same dtype, same run."
-        + (
-            f" Our decoders run the {settings['quantize']} target (weight-only), transformers the float one."
-            if settings.get("quantize", "none") != "none"
-            else ""
-        ),
-        "",
-        "| decoder | dtype | tokens/s | vs hf-generate | vs ar |",
-        "|---|---|---:|---:|---:|",
+        f"{settings['prompt_set']} prompts: {settings['prompts']}, {settings['rounds']} round(s) each, "
+        f"{settings['max_new_tokens']} new tokens, {settings['threads']} threads, torch {settings['torch']}. "
+        "Rows interleaved per round (order rotated); speedup `vs ar` = tokens/s over our plain decoding in the "
+        "same dtype at the same temperature; `vs hf` over transformers `generate`, same dtype and temperature.",
     ]
-    for row in result["rows"]:
-        lines.append(
-            f"| {row['decoder']} | {row['dtype']} | {row['tokens_per_s']:.2f} | {row['vs_hf_generate']:.2f} "
-            f"| {row['vs_ar']:.2f} |"
-        )
+    for temperature in sorted({row["temperature"] for row in result["rows"]}):
+        lines += [
+            "",
+            f"## Temperature {temperature:g}",
+            "",
+            "| decoder | dtype | tokens/s | τ | acceptance by position | vs ar | vs hf | same tokens as ar |",
+            "|---|---|---:|---:|---|---:|---:|---:|",
+        ]
+        for row in result["rows"]:
+            if row["temperature"] != temperature:
+                continue
+            lines.append(
+                f"| {row['decoder']} | {row['dtype']} | {row['tokens_per_s']:.2f} | {_number(row['tau'])} "
+                f"| {_positions(row['acceptance_per_position'])} | {_number(row['vs_ar'])} "
+                f"| {_number(row['vs_hf_generate'])} | {_number(row['agrees_with_ar'])} |"
+            )
+    forward = result.get("forward") or []
+    if forward:
+        dtypes = list(forward[0]["median_ms"])
+        lines += [
+            "",
+            "## Target forward time per number of new tokens (medians, dtypes interleaved)",
+            "",
+            "| n | "
+            + " | ".join(f"{d} ms" for d in dtypes)
+            + (" | bfloat16 / float32 |" if len(dtypes) > 1 else " |"),
+            "|---:|" + "---:|" * (len(dtypes) + (len(dtypes) > 1)),
+        ]
+        for row in forward:
+            cells = " | ".join(f"{row['median_ms'][d]:.2f}" for d in dtypes)
+            ratio = row.get("bfloat16_over_float32")
+            lines.append(f"| {row['n']} | {cells} |" + (f" {_number(ratio)} |" if len(dtypes) > 1 else ""))
+    plans = result.get("plans") or []
+    if plans:
+        lines += [
+            "",
+            "## Trees planned by plan-tree (profile latencies, measured acceptance per child rank)",
+            "",
+            "| drafter | dtype | T | acceptance per rank | draft/target cost | size | depth | predicted speedup |",
+            "|---|---|---:|---|---:|---:|---:|---:|",
+        ]
+        for plan in plans:
+            lines.append(
+                f"| {plan['drafter']} | {plan['dtype']} | {plan['temperature']:g} "
+                f"| {_positions(plan['acceptance'], 8)} | {plan['cost_ratio']:.3f} | {plan['size']} "
+                f"| {plan['depth']} | {plan['speedup']:.3f} |"
+            )
+        lines += ["", "Each plan reproduces with `specbound plan-tree` on the files the run wrote:", ""]
+        lines += [f"    {plan['command']}" for plan in plans]
     return "\n".join(lines) + "\n"
 
 
-def _hf_runner(model, pad_id: int, options: dict) -> Runner:
-    import torch
-
-    def run(prompt_ids: list[int], max_new_tokens: int) -> tuple[int, float]:
-        ids = torch.tensor([prompt_ids])
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad_id,
-                **options,
-            )
-        return out.shape[1] - ids.shape[1], time.perf_counter() - start
-
-    return run
-
-
-def _our_runner(decoder) -> Runner:
-    def run(prompt_ids: list[int], max_new_tokens: int) -> tuple[int, float]:
-        result = decoder.generate(prompt_ids, max_new_tokens)
-        return result.n_tokens, result.wall_time
-
-    return run
-
-
-def build_runners(
-    dtypes, *, exit_layer: int, lookup: int = 2, gamma: int = 3, quantize: str | None = None
-) -> tuple[dict[str, Runner], object]:
-    """The runners of the module docstring for each dtype, and our tokenizer (to encode the prompts).
-
-    ``quantize="int8"`` runs our decoders on the weight-only int8 target (:mod:`executor.quantize`; ``ar`` is
-    then int8 plain decoding); the ``transformers`` rows stay in the float dtype.
-    """
-    import torch
-
-    from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, TreeDecoder
-    from executor.drafters import EarlyExitDrafter, PromptLookupDrafter, parse_drafter
-    from executor.drafters.parse import feature_checkpoint
-    from executor.weights import load_model
-    from experiments.peers import load_transformers_model
-
-    runners: dict[str, Runner] = {}
-    tokenizer = None
-    for name in dtypes:
-        dtype = getattr(torch, name)
-        model, tokenizer = load_model(device="cpu", dtype=dtype, quantize=quantize)
-        hf_model, hf_tokenizer = load_transformers_model(dtype=dtype)
-        pad = hf_tokenizer.eos_token_id
-        runners[f"hf-generate@{name}"] = _hf_runner(hf_model, pad, {})
-        runners[f"hf-prompt-lookup@{name}"] = _hf_runner(hf_model, pad, {"prompt_lookup_num_tokens": lookup})
-        runners[f"hf-early-exit@{name}"] = _hf_runner(hf_model, pad, {"assistant_early_exit": exit_layer})
-        runners[f"ar@{name}"] = _our_runner(AutoregressiveDecoder(model))
-        runners[f"chain-ngram@{name}"] = _our_runner(ChainDecoder(model, PromptLookupDrafter(), gamma=lookup))
-        draft = EarlyExitDrafter(model, exit_layer)
-        runners[f"chain-early-exit@{name}"] = _our_runner(ChainDecoder(model, draft, gamma=gamma))
-        runners[f"tree-early-exit@{name}"] = _our_runner(
-            TreeDecoder(model, draft, tree=DynamicTree(budget=2 * gamma + 1, max_depth=gamma, branching=2))
-        )
-        checkpoint = feature_checkpoint(model, train_if_missing=False)
-        if checkpoint is not None:  # the trained feature head (`specbound train-drafter --kind feature`)
-            spec = f"feature:{checkpoint}"
-            runners[f"chain-feature@{name}"] = _our_runner(
-                ChainDecoder(model, parse_drafter(spec, model), gamma=gamma)
-            )
-            runners[f"tree-feature@{name}"] = _our_runner(
-                TreeDecoder(model, parse_drafter(spec, model), tree=DynamicTree(2 * gamma + 1, gamma, 2))
-            )
-    return runners, tokenizer
+def write_report(result: dict, out: str) -> str:
+    """Write ``out`` (JSON) and the Markdown next to it (``.md``), both atomically; returns the Markdown."""
+    write_json(result, out)
+    markdown = render_markdown(result)
+    write_text(markdown, os.path.splitext(out)[0] + ".md")
+    checkpoint = checkpoint_path(out)
+    if os.path.exists(checkpoint):
+        os.remove(checkpoint)
+    return markdown

@@ -1,17 +1,23 @@
-"""``specbound bench``: our decoders against ``transformers``, tokens per second (see :mod:`experiments.bench`)."""
+"""``specbound bench``: our decoders against ``transformers`` -- tokens/s, tau, acceptance by position, speedup.
+
+The engine is :mod:`experiments.bench` (interleaved rounds, resume, summary, report), the rows
+:mod:`experiments.bench_rows` (models, forward costs, planned trees, runners). This module only turns the
+command line into a :class:`experiments.bench_rows.BenchConfig` and runs the phases in order.
+"""
 
 from __future__ import annotations
 
-from experiments.commands import add_quantize_argument
+import os
 
 HELP = (
-    "tokens/s of our decoders against transformers generate, prompt lookup and early-exit assisted generation"
+    "tokens/s, tau and acceptance of our decoders (chain, multi-draft, dynamic and planned trees) against "
+    "transformers generate, prompt lookup and early-exit assisted generation, at T = 0 and 1"
 )
-
-DTYPES = ("float32", "bfloat16")
 
 
 def add_arguments(parser) -> None:
+    from experiments.commands import add_quantize_argument
+
     parser.add_argument("--prompts", type=int, default=10, help="prompts of the set (default 10)")
     parser.add_argument(
         "--prompt-set",
@@ -19,10 +25,40 @@ def add_arguments(parser) -> None:
         default="humaneval",
         help="humaneval (default) or other: code and prose prompts written here, never tuned on (at most 5)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="times each prompt is run (default 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
-    add_quantize_argument(parser)
+    parser.add_argument(
+        "--temperatures", default="0,1", help="comma-separated sampling temperatures (default 0,1)"
+    )
     parser.add_argument("--exit-layer", type=int, default=6, help="early-exit layer of both implementations")
+    parser.add_argument("--gamma", type=int, default=3, help="drafts per chain step; dynamic tree 2γ+1 nodes")
+    parser.add_argument(
+        "--lookups", default="2", help="prompt-lookup lengths K, comma-separated (ours and transformers')"
+    )
+    parser.add_argument(
+        "--drafters",
+        default=None,
+        help="model drafters, comma-separated (early-exit:K, feature[:PATH], model:PATH); default: "
+        "early-exit at --exit-layer and the cached trained feature head if there is one",
+    )
+    parser.add_argument("--ns", default="2,4", help="drafts per step of the multi-draft rows (default 2,4)")
+    parser.add_argument("--verifiers", default="rrs,optimal", help="multi-draft verifiers at T > 0")
+    parser.add_argument("--plan-budget", type=int, default=16, help="largest planned tree (default 16 nodes)")
+    parser.add_argument("--plan-depth", type=int, default=6, help="deepest planned tree (default 6)")
+    parser.add_argument(
+        "--plan-width", type=int, default=4, help="children per node measured and planned (default 4)"
+    )
+    parser.add_argument("--latency-repeats", type=int, default=5, help="timed rounds of the forward costs")
+    parser.add_argument("--context", type=int, default=256, help="context tokens of the forward costs")
+    parser.add_argument(
+        "--calibration-tokens", type=int, default=32, help="tokens per prompt measuring acceptance per rank"
+    )
+    parser.add_argument(
+        "--rows", default="*", help="row names to run, comma-separated shell patterns (default: all)"
+    )
+    add_quantize_argument(parser)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of round 0 (round r: seed + r)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
@@ -31,48 +67,117 @@ def add_arguments(parser) -> None:
     )
 
 
-def run(args) -> int:
-    import os
+def _items(text: str, name: str, kind):
+    values = [item.strip() for item in text.split(",") if item.strip()]
+    if not values:
+        raise ValueError(f"{name} is empty")
+    try:
+        return tuple(kind(item) for item in values)
+    except ValueError:
+        raise ValueError(f"{name}: cannot read {text!r} as a comma-separated list") from None
 
+
+def config_from_args(args):
+    """The :class:`~experiments.bench_rows.BenchConfig` of the command line (checks every option)."""
+    from experiments.bench_rows import BenchConfig
+
+    return BenchConfig(
+        dtypes=_items(args.dtypes, "--dtypes", str),
+        temperatures=_items(args.temperatures, "--temperatures", float),
+        exit_layer=args.exit_layer,
+        gamma=args.gamma,
+        lookups=_items(args.lookups, "--lookups", int),
+        drafters=None if args.drafters is None else _items(args.drafters, "--drafters", str),
+        ns=_items(args.ns, "--ns", int),
+        verifiers=_items(args.verifiers, "--verifiers", str),
+        plan_budget=args.plan_budget,
+        plan_depth=args.plan_depth,
+        plan_width=args.plan_width,
+        latency_repeats=args.latency_repeats,
+        context=args.context,
+        calibration_tokens=args.calibration_tokens,
+        rows=_items(args.rows, "--rows", str),
+        quantize=args.quantize,
+    )
+
+
+def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from executor.files import write_json
-    from executor.quantize import resolve_quantize
+    from experiments import bench_plan, bench_rows
     from experiments.apriori.cli import check_writable
-    from experiments.bench import build_runners, render_markdown, run_bench, summarise
+    from experiments.bench import checkpoint_path, read_checkpoint, run_bench, summarise, write_report
     from experiments.commands import set_torch_threads
+    from experiments.profiling import context_ids
     from experiments.prompts import prompt_set
 
-    if args.prompts < 1:
-        raise ValueError(f"--prompts must be at least 1, got {args.prompts}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    unknown = [d for d in dtypes if d not in DTYPES]
-    if not dtypes or unknown:
-        raise ValueError(
-            f"--dtypes: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(DTYPES)}"
-        )
-    if args.exit_layer < 1:
-        raise ValueError(f"--exit-layer must be at least 1, got {args.exit_layer}")
+    for name, value in (
+        ("--prompts", args.prompts),
+        ("--rounds", args.rounds),
+        ("--max-new-tokens", args.max_new_tokens),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    config = config_from_args(args)
     check_writable(os.path.dirname(os.path.abspath(args.out)))
     texts = prompt_set(args.prompt_set, args.prompts)  # a bad count fails before the models load
     threads = set_torch_threads(args.threads)
-    quantize = resolve_quantize(args.quantize, name="--quantize")
-    runners, tokenizer = build_runners(dtypes, exit_layer=args.exit_layer, quantize=quantize)
+    settings = {
+        "prompt_set": args.prompt_set,
+        "prompts": args.prompts,
+        "rounds": args.rounds,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "threads": threads,
+        "torch": torch.__version__,
+        **config.to_json(),
+    }
+    checkpoint = checkpoint_path(args.out)
+    saved = read_checkpoint(checkpoint, settings)
+
+    targets, peers, tokenizer = {}, {}, None
+    for dtype in config.dtypes:
+        model, tokenizer = bench_rows.load_target(dtype, config)
+        targets[dtype] = (model, bench_rows.model_drafters(config, model))
+        peer_rows = ["hf-generate", "hf-early-exit", *(f"hf-prompt-lookup-k{k}" for k in config.lookups)]
+        wants_peer = any(config.wants(name) for name in peer_rows)
+        peers[dtype] = bench_rows.load_peer(dtype, config) if wants_peer else None
+    # Which rows run, before anything is measured (a plan-tree row stands for the tree planned later).
+    unplanned = [
+        {"drafter": label, "dtype": dtype, "temperature": float(t), "parents": [-1]}
+        for dtype, (_, specs) in targets.items()
+        for label in specs
+        for t in config.temperatures
+    ]
+    selected = bench_rows.build_runners(config, targets, peers, unplanned)
+    if not selected:
+        raise ValueError(f"--rows: no row matches {args.rows!r}")
     prompts = [tokenizer.encode(text) for text in texts]
-    totals = run_bench(
-        runners, prompts, args.max_new_tokens, progress=lambda items: tqdm(items, desc="bench", unit="prompt")
+    if saved is not None:
+        prepared = saved["prepared"]
+        print(f"resuming {checkpoint}: {len(saved['rounds'])} round(s) done")
+    else:
+        context = context_ids(tokenizer, config.context)
+        models = {dtype: model for dtype, (model, _) in targets.items()}
+        forward, samples = bench_plan.measure_forward(models, context, config, progress=True)
+        plans = []
+        if any(key.decoder.startswith("plan-tree-") for key in selected):
+            stem = os.path.splitext(args.out)[0]
+            plans = bench_plan.plan_rows(targets, samples, prompts, config, stem, progress=True)
+        prepared = {"forward": forward, "plans": plans}
+    runners = bench_rows.build_runners(config, targets, peers, prepared["plans"])
+    done = run_bench(
+        runners,
+        prompts,
+        args.max_new_tokens,
+        rounds=args.rounds,
+        seed=args.seed,
+        checkpoint=checkpoint,
+        fingerprint=settings,
+        prepared=prepared,
+        progress=lambda pairs: tqdm(pairs, desc="bench", unit="run"),
     )
-    settings = {**vars(args), "threads": threads, "torch": torch.__version__}
-    settings.pop("run", None)
-    result = {"settings": settings, "rows": summarise(totals)}
-    write_json(result, args.out)
-    markdown = render_markdown(result)
-    temporary = os.path.splitext(args.out)[0] + ".md.tmp"
-    with open(temporary, "w") as stream:
-        stream.write(markdown)
-    os.replace(temporary, os.path.splitext(args.out)[0] + ".md")
-    print(markdown)
+    result = {"settings": settings, "rows": summarise(done), **prepared}
+    print(write_report(result, args.out))
     return 0

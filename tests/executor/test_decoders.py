@@ -31,7 +31,10 @@ from tests.goodness_of_fit import law_p_value
 VOCAB = 8
 HORIZON = 3  # the exact law is over the next 3 tokens: VOCAB**3 = 512 outcomes
 PROMPT = [1, 2, 3, 1, 2]  # "1 2" repeats, so prompt lookup has something to propose
-SAMPLES = 1000
+# 800 outcomes per law test: at this count every negative control below and in test_methods.py is still
+# rejected far past the threshold (broken verifiers: p <= 1.1e-5 at 800, against 4e-11 at 1000), and the
+# tests cost 20% less than with 1000.
+SAMPLES = 800
 P_THRESHOLD = 1e-3
 
 
@@ -346,7 +349,7 @@ def test_generation_stops_after_the_eos_token(tiny_model):
 # --------------------------------------------------------------------------------------------------------
 # Greedy equality on the embedded SmolLM2-135M and 8 HumanEval prompts
 
-HUMANEVAL_PROMPTS = 8
+HUMANEVAL_PROMPTS = 4  # 4 prompts x 48 tokens per decoder: the slowest tests of the suite, halved
 NEW_TOKENS = 48
 NEAR_TIE = 1e-4
 

@@ -17,6 +17,7 @@ from tests.executor.test_decoders import (
     HORIZON,
     P_THRESHOLD,
     PROMPT,
+    SAMPLES,
     exact_law,
     outcome_p_value,
 )
@@ -141,7 +142,7 @@ def _chain_letters_swapped(target_probs, draft_probs, drafts, generator):
     return _real_verify_chain(swapped_target, target_probs[:-1], drafts, generator)
 
 
-def sample_outcomes(method, seed: int, count: int = 1000) -> list[tuple[int, ...]]:
+def sample_outcomes(method, seed: int, count: int = SAMPLES) -> list[tuple[int, ...]]:
     decoder = method.build(1.0)
     generator = torch.Generator().manual_seed(seed)
     return [tuple(decoder.generate(PROMPT, HORIZON, generator=generator).token_ids) for _ in range(count)]
