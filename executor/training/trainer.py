@@ -350,13 +350,22 @@ def train_drafter(
     ``minutes`` (resuming an interrupted run), save it; returns the checkpoint directory.
 
     The default directory is ``$XDG_CACHE_HOME/specbound/drafters/<kind>-<target hash>-<recipe hash>/``.
+    ``kind`` is ``"feature"``, ``"kangaroo:K"`` or ``"exit:K1,K2,..."`` (:mod:`executor.training.exit_heads`;
+    several exit layers train in one job and the path of the first layer's checkpoint is returned, the others
+    sit next to it under their own ``exit:K`` keys; with ``out``, in ``out/exit-K``).
     """
     from executor.training.checkpoint import default_checkpoint_dir
     from executor.training.corpus import load_corpus
     from executor.training.features import load_features, prepare_features
 
     if kind != "feature":
-        raise ValueError(f"kind must be 'feature' (the trained drafter kinds available), got {kind!r}")
+        from executor.training.exit_heads import ExitTrainConfig, parse_kind
+
+        parse_kind(kind, target.config.n_layers)  # 'exit:K[,K...]' or 'kangaroo:K', else ValueError
+        if config is None:
+            config = ExitTrainConfig(minutes=minutes)
+        elif not isinstance(config, ExitTrainConfig):
+            config = ExitTrainConfig(**asdict(config))
     config = TrainConfig(minutes=minutes) if config is None else config
     target = _float32_target(target)
     corpus = load_corpus(corpus)
@@ -375,6 +384,7 @@ def train_drafter(
         "train_tokens": train_tokens,
         "chunk_length": chunk_length,
     }
+    given_out = out
     out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
     train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
     corpus_info = {
@@ -391,5 +401,12 @@ def train_drafter(
 
         vocabulary = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
         card_extra["vocab_hash"] = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
+    if kind != "feature":
+        from executor.training.exit_heads import train_layer_kind
+
+        features = {"train": train, "held_out": held_out}
+        return train_layer_kind(
+            target, kind, directory, given_out, recipe, config, card_extra, features, progress
+        )
     train_feature_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
     return out
