@@ -29,9 +29,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from executor.drafters.vocab import DraftVocabulary
 from executor.model import TransformerBlock
 
 __all__ = ["FeatureDrafter", "FeatureHead"]
@@ -39,7 +39,7 @@ __all__ = ["FeatureDrafter", "FeatureHead"]
 KIND = "feature"
 
 
-class FeatureHead(nn.Module):
+class FeatureHead(DraftVocabulary):
     """The trainable part: ``fc`` (2d -> d, with bias) and one llama decoder layer shaped like the target's.
 
     Parameters
@@ -58,14 +58,7 @@ class FeatureHead(nn.Module):
         with torch.no_grad():  # the layer starts as the identity (its residual branches output zero)
             self.layer.attention.wo.weight.zero_()
             self.layer.feed_forward.w2.weight.zero_()
-        full = torch.arange(config.vocab_size) if vocab is None else torch.as_tensor(vocab, dtype=torch.long)
-        if full.ndim != 1 or full.numel() == 0 or int(full.min()) < 0 or int(full.max()) >= config.vocab_size:
-            raise ValueError(f"vocab must be a non-empty 1-D set of token ids in [0, {config.vocab_size})")
-        self.register_buffer("vocab", full.unique(), persistent=True)
-
-    @property
-    def reduced(self) -> bool:
-        return self.vocab.numel() < self.config.vocab_size
+        self.init_vocab(config.vocab_size, vocab)
 
     def setup_cache(self, slots: int, batch_size: int = 1) -> None:
         self.layer.attention.allocate_cache(batch_size, slots, like=self.fc.weight)
@@ -89,32 +82,6 @@ class FeatureHead(nn.Module):
         )
         cos, sin = target._rope(positions)
         return self.layer(self.fc(inputs), cos.to(dtype), sin.to(dtype), cache_positions, attention_mask)
-
-    def logits(self, target, features: torch.Tensor, *, full: bool = True) -> torch.Tensor:
-        """Draft logits from features; ``full`` scatters them into ``V`` columns with ``-inf`` outside ``V'``.
-
-        On a quantised target (:mod:`executor.quantize`) the full vocabulary goes through the target's int8 LM
-        head (:meth:`executor.model.Transformer.lm_head`; measured faster than the float rows in
-        ``docs/benchmarks/int8.md``); otherwise, and for a reduced vocabulary, through the float rows.
-        """
-        weight = target.tok_embeddings.weight if target.output is None else target.output.weight
-        reduced = self.reduced
-        if not reduced and target.quantized_head is not None:
-            return target.lm_head(target.norm(features.to(weight.dtype))).float()
-        if reduced:
-            weight = weight[self.vocab] if not hasattr(self, "_weight_cache") else self._weight_cache
-        logits = F.linear(target.norm(features.to(weight.dtype)), weight).float()
-        if not (reduced and full):
-            return logits
-        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        out[..., self.vocab] = logits
-        return out
-
-    def freeze_vocab_weight(self, target) -> None:
-        """Keep the reduced LM head rows in a contiguous tensor (drafting speed; not saved)."""
-        if self.reduced:
-            weight = target.tok_embeddings.weight if target.output is None else target.output.weight
-            self._weight_cache = weight[self.vocab].contiguous()
 
 
 class FeatureDrafter:

@@ -10,12 +10,13 @@ __all__ = [
     "DRAFTER_KINDS",
     "default_drafter",
     "feature_checkpoint",
+    "kind_checkpoint",
     "parse_drafter",
     "trained_default_drafter",
 ]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
-DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature")
+DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "exit", "kangaroo")
 
 
 def default_drafter(target, *, train_if_missing: bool = False) -> str:
@@ -67,9 +68,27 @@ def parse_drafter(spec: str, target, *, load=None):
 
         path = argument if argument else feature_checkpoint(target)
         return FeatureDrafter.from_checkpoint(target, path, name=spec)
+    if kind in ("exit", "kangaroo"):
+        return _layer_drafter(spec, target)
     raise ValueError(
-        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH' or 'feature[:PATH]'"
+        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH', 'feature[:PATH]', "
+        "'exit:K[:PATH]' or 'kangaroo:K[:PATH]'"
     )
+
+
+def _layer_drafter(spec: str, target):
+    """``exit:K`` / ``kangaroo:K`` (the cached checkpoint, trained first when missing) or ``...:K:PATH``."""
+    from executor.drafters.exit_head import ExitDrafter, KangarooDrafter
+
+    family, _, rest = spec.partition(":")
+    layer, _, path = rest.partition(":")
+    if not layer.isdigit() or not 1 <= int(layer) < target.config.n_layers:
+        raise ValueError(
+            f"drafter '{family}:K[:PATH]' needs a layer K in [1, {target.config.n_layers}); got {spec!r}"
+        )
+    kind = f"{family}:{int(layer)}"
+    cls = KangarooDrafter if family == "kangaroo" else ExitDrafter
+    return cls.from_checkpoint(target, path or kind_checkpoint(target, kind), int(layer), name=spec)
 
 
 def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None, log=None):
@@ -78,25 +97,31 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
     Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
     receives the message saying that a drafter is being trained.
     """
+    return kind_checkpoint(target, "feature", train_if_missing=train_if_missing, tokenizer=tokenizer, log=log)
+
+
+def kind_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokenizer=None, log=None):
+    """The newest cached checkpoint of ``kind`` (``"feature"``, ``"exit:K"``, ``"kangaroo:K"``) for ``target``;
+    trains one first, with a message, when there is none (``None`` without ``train_if_missing``)."""
     import sys
 
-    from executor.training.trainer import cached_checkpoints, train_drafter
+    from executor.training import trainer
 
-    found = cached_checkpoints(target, "feature")
+    found = trainer.cached_checkpoints(target, kind)
     if found:
         return found[0]
     if not train_if_missing:
         return None
     log = log or (lambda message: print(message, file=sys.stderr))
     log(
-        "no trained feature drafter for this model in the cache: training one now on the standard library "
-        "(about 10 minutes, once; `specbound train-drafter --kind feature` does the same)"
+        f"no trained {kind} drafter for this model in the cache: training one now on the standard library "
+        f"(minutes, once; `specbound train-drafter --kind {kind}` does the same)"
     )
     if tokenizer is None:
         from executor.weights import load_tokenizer
 
         tokenizer = load_tokenizer()
-    return train_drafter(target, tokenizer, kind="feature")
+    return trainer.train_drafter(target, tokenizer, kind=kind)
 
 
 _FALLBACK_SAID: set[str] = set()

@@ -15,8 +15,10 @@ next round's exit layer and draft length by tokens per layer,
 :math:`\\tau_E = (\\bar c_{match} + \\bar c_{mismatch})/2` (dynamic draft exit). The statistics start from the
 acceptance measured on calibration prompts.
 
-The exit heads are the untrained shared norm + LM head for now; trained heads plug in through ``head``
-(``head(layer, hidden) -> logits``, used for drafting and for the shadow evaluation alike).
+Exit heads: the trained ``exit:K`` heads (:mod:`executor.drafters.exit_head`) cached for the target, when
+there are any (``trained=None``, the default; ``trained=True`` requires them, ``False`` ignores them), at the
+layers that have one unless ``layers`` is given; the untrained shared norm + LM head at the other layers. Any
+``head(layer, hidden) -> logits`` can be passed instead (used for drafting and the shadow evaluation alike).
 """
 
 from __future__ import annotations
@@ -25,13 +27,43 @@ import numpy as np
 import torch
 
 from executor.decoders.base import run_tree
+from executor.drafters.exit_head import shallow_tree
 from executor.methods._common import calibration_profile, check_exit_layer, default_exit_layer
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import default_exit_head
 from theory.checks import as_count
 
-__all__ = ["DEL", "DELPolicy", "SwitchableExitDrafter"]
+__all__ = ["DEL", "DELPolicy", "SwitchableExitDrafter", "cached_exit_heads", "exit_head_function"]
+
+
+def cached_exit_heads(target, layers=None) -> dict:
+    """The newest cached trained ``exit:K`` head for each of ``layers`` (default: every layer) that has one."""
+    from executor.drafters.exit_head import load_exit_head
+    from executor.training.trainer import cached_checkpoints
+
+    heads = {}
+    for layer in range(1, target.config.n_layers) if layers is None else layers:
+        found = cached_checkpoints(target, f"exit:{layer}")
+        if found:
+            weight = target.tok_embeddings.weight
+            head = load_exit_head(target, found[0], f"exit:{layer}")[0]
+            heads[layer] = head.to(weight.device, weight.dtype).requires_grad_(False).eval()
+            heads[layer].freeze_vocab_weight(target)
+    return heads
+
+
+def exit_head_function(target, heads: dict):
+    """``head(layer, hidden) -> logits``: the trained head of ``layer`` if any, else the untrained exit."""
+    untrained = default_exit_head(target)
+
+    def head(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        trained = heads.get(layer)
+        if trained is None:
+            return untrained(layer, hidden)
+        return trained.logits(target, trained(target, hidden[None])[0])
+
+    return head
 
 
 class SwitchableExitDrafter:
@@ -55,19 +87,11 @@ class SwitchableExitDrafter:
     def draft_logits(self, state, tree, nodes):
         if self.head is None:
             return run_tree(self.model, tree, nodes, state.committed, exit_layer=self.exit_layer)
-        logits, hidden = _run_hidden(self.model, tree, nodes, state.committed, self.exit_layer)
+        hidden = shallow_tree(self.model, tree, nodes, state.committed, self.exit_layer)  # no LM head
         return self.head(self.exit_layer, hidden)
 
     def commit(self, state, tree, accepted_path) -> None:
         pass
-
-
-def _run_hidden(model, tree, nodes, committed, exit_layer):
-    device = model.tok_embeddings.weight.device
-    tokens = torch.tensor([[tree.tokens[v] for v in nodes]], device=device)
-    slots = torch.tensor(nodes, device=device) + committed
-    logits, hidden = model(tokens, slots, exit_layer=exit_layer, return_hidden=True)
-    return logits[0], hidden[0]
 
 
 class DELPolicy(DraftPolicy):
@@ -200,9 +224,22 @@ class DEL(Method):
         prior_weight: float = 20.0,
         confidence_stop: bool = True,
         head=None,
+        trained: bool | None = None,
     ):
         super().__init__(target, tokenizer)
         n = target.config.n_layers
+        self.trained_layers: list[int] = []
+        if head is None and trained is not False:
+            heads = cached_exit_heads(target, layers)
+            if trained and not heads:
+                raise ValueError(
+                    "trained=True but no trained exit:K head is cached for this target "
+                    "(`specbound train-drafter --kind exit:6,12,18`)"
+                )
+            if heads:
+                head = exit_head_function(target, heads)
+                self.trained_layers = sorted(heads)
+                layers = self.trained_layers if layers is None else layers
         if layers is None:
             top = default_exit_layer(target)
             layers = sorted({max(1, top - 2 * i) for i in range(4)})
@@ -218,7 +255,12 @@ class DEL(Method):
         self.n_layers = n
 
     def options(self) -> dict:
-        return {"layers": self.layers, "max_gamma": self.max_gamma, "decay": self.decay}
+        return {
+            "layers": self.layers,
+            "trained_layers": self.trained_layers,
+            "max_gamma": self.max_gamma,
+            "decay": self.decay,
+        }
 
     def build(self, temperature: float = 0.0):
         head = self.head if self.head is not None else default_exit_head(self.target)

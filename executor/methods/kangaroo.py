@@ -5,8 +5,11 @@ exit); drafting stops after a token whose top-1 probability is below eta, or aft
 token-level early exit; the low-confidence token is still verified). Verification is the chain decoder's
 (greedy at temperature 0, speculative sampling otherwise).
 
-Here the adapter is not trained yet: the drafter is the untrained early exit at ``exit_layer`` (the training
-pipeline's ``kangaroo:K`` drafter plugs in through ``drafter``). Two variants:
+The drafter is the trained ``kangaroo:K`` adapter (:class:`executor.drafters.exit_head.KangarooDrafter`) cached
+for the target when there is one (``trained=None``, the default; ``trained=True`` requires it, ``False``
+ignores it; ``exit_layer`` then defaults to the adapter's ``K``), else the untrained early exit at
+``exit_layer``; any drafter factory can be passed as ``drafter``. Calibration reads the adapter over the
+continuation's layer-``K`` states only (its attention does not see the prompt there). Two variants:
 
 * ``kangaroo-fixed``: the paper's fixed eta = 0.6 (README) with gamma = 6;
 * ``kangaroo``: eta chosen by the theory for the *measured* costs: on calibration prompts the draft's
@@ -18,6 +21,7 @@ pipeline's ``kangaroo:K`` drafter plugs in through ``drafter``). Two variants:
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from executor.drafters import EarlyExitDrafter
 from executor.methods._common import calibration_profile, check_exit_layer, default_exit_layer
@@ -48,8 +52,25 @@ class Kangaroo(Method):
     paper = "Kangaroo, Liu et al., NeurIPS 2024, arXiv 2404.18911"
     default_eta: float | None = None
 
-    def __init__(self, target, tokenizer=None, *, exit_layer=None, gamma: int = 6, eta=None, drafter=None):
+    def __init__(
+        self, target, tokenizer=None, *, exit_layer=None, gamma: int = 6, eta=None, drafter=None, trained=None
+    ):
         super().__init__(target, tokenizer)
+        self.adapter_path = None
+        if drafter is None and trained is not False:
+            from executor.training.trainer import cached_checkpoints
+
+            layers = range(1, target.config.n_layers) if exit_layer is None else [exit_layer]
+            for layer in layers:
+                found = cached_checkpoints(target, f"kangaroo:{layer}")
+                if found:
+                    exit_layer, self.adapter_path = layer, found[0]
+                    break
+            if trained and self.adapter_path is None:
+                raise ValueError(
+                    "trained=True but no trained kangaroo:K adapter is cached for this target "
+                    "(`specbound train-drafter --kind kangaroo:2`)"
+                )
         self.exit_layer = check_exit_layer(
             target, default_exit_layer(target) if exit_layer is None else exit_layer
         )
@@ -60,12 +81,40 @@ class Kangaroo(Method):
         self.draft_cost: float | None = None
 
     def options(self) -> dict:
-        return {"exit_layer": self.exit_layer, "gamma": self.gamma, "eta": self.eta}
+        return {
+            "exit_layer": self.exit_layer,
+            "gamma": self.gamma,
+            "eta": self.eta,
+            "adapter": None if self.adapter_path is None else str(self.adapter_path),
+        }
 
     def make_drafter(self):
-        return (
-            self._drafter() if self._drafter is not None else EarlyExitDrafter(self.target, self.exit_layer)
-        )
+        if self._drafter is not None:
+            return self._drafter()
+        if self.adapter_path is not None:
+            from executor.drafters.exit_head import KangarooDrafter
+
+            return KangarooDrafter.from_checkpoint(self.target, self.adapter_path, self.exit_layer)
+        return EarlyExitDrafter(self.target, self.exit_layer)
+
+    def calibration_head(self):
+        """``head(layer, hidden)`` for calibration: the adapter run causally over the given states, or
+        ``None`` (the untrained exit)."""
+        if self.adapter_path is None:
+            return None
+        from executor.drafters.exit_head import KangarooDrafter
+
+        adapter = KangarooDrafter.from_checkpoint(self.target, self.adapter_path, self.exit_layer)
+        adapter.close()
+        head = adapter.head
+
+        def run(layer, hidden):
+            slots = torch.arange(hidden.shape[0], device=hidden.device)
+            head.setup_cache(hidden.shape[0])
+            z = head(self.target, hidden[None], slots, slots, slots <= slots[:, None])[0]
+            return head.logits(self.target, z)
+
+        return run
 
     def build(self, temperature: float = 0.0):
         eta = 0.6 if self.eta is None else self.eta
@@ -80,7 +129,12 @@ class Kangaroo(Method):
         import theory
 
         profile, _ = calibration_profile(
-            self.target, calibration_prompts, [self.exit_layer], temperature, max_new_tokens
+            self.target,
+            calibration_prompts,
+            [self.exit_layer],
+            temperature,
+            max_new_tokens,
+            head=self.calibration_head(),
         )
         calibration = ConfidenceCalibration().fit(profile.confidence[0], profile.accept[0])
         self.draft_cost = forward_time_ratio(self.target, self.exit_layer)

@@ -22,9 +22,7 @@ mean :math:`\\sum_v \\min(p_v, q_v)`, ``kl`` = mean KL(p' || q) on the draft voc
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -34,8 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from executor.drafters.feature import FeatureHead
-from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, save_checkpoint
+from executor.training.checkpoint import model_fingerprint
 from executor.training.features import FeatureSet, target_logits
+from executor.training.loop import run_budget, save_card
 
 __all__ = [
     "TrainConfig",
@@ -46,8 +45,6 @@ __all__ = [
     "train_drafter",
     "train_feature_head",
 ]
-
-STATE_NAME = "train_state.pt"
 
 
 @dataclass(frozen=True)
@@ -180,20 +177,6 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
 
 
-def _save_state(path: Path, head, optimizer, progress: dict, generator) -> None:
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "head": head.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "progress": progress,
-            "generator": generator.get_state(),
-        },
-        buffer,
-    )
-    atomic_write_bytes(path, buffer.getvalue())
-
-
 def train_feature_head(
     target,
     train: FeatureSet,
@@ -209,7 +192,6 @@ def train_feature_head(
     ``out_dir`` receives ``train_state.pt`` during training and the checkpoint (weights + card) at the end.
     ``KeyboardInterrupt`` saves the state first, so the next call resumes.
     """
-    from tqdm import tqdm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,95 +204,40 @@ def train_feature_head(
         {"params": list(head.layer.parameters()), "scale": 1.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-    state_path = out_dir / STATE_NAME
-    progress_info = {"steps": 0, "tokens": 0, "seconds": 0.0, "ridge_r2": None, "initial": None}
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
-        progress_info = state["progress"]
-        generator.set_state(state["generator"])
-    else:
-        progress_info["initial"] = evaluate_head(head, target, held_out, max_chunks=4)
-        progress_info["ridge_r2"] = ridge_init(
-            head, target, train, config.ridge_rows, config.ridge, generator
+
+    def loss_step():
+        index = torch.randint(len(train), (config.batch_size,), generator=generator)
+        inputs, next_tokens, targets = _head_inputs(train, index)
+        with torch.no_grad():
+            log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
+        g = _run_head(head, target, inputs, next_tokens)
+        log_q = head.logits(target, g, full=False).log_softmax(-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        regression = F.smooth_l1_loss(_rms(g.float()), _rms(targets))
+        return (
+            kl + config.feature_weight * regression,
+            next_tokens.numel(),
+            {"kl": f"{float(kl.detach()):.3f}"},
         )
-    budget = 60.0 * config.minutes
-    head.train()
-    last_save = last_eval = time.perf_counter()
-    status = {}
-    bar = tqdm(
-        total=round(budget),
-        initial=round(min(progress_info["seconds"], budget)),
-        unit="s",
+
+    record = run_budget(
+        head,
+        optimizer,
+        loss_step,
+        out_dir,
+        config,
+        generator,
+        initialise=lambda: ridge_init(head, target, train, config.ridge_rows, config.ridge, generator),
+        evaluate=lambda: evaluate_head(head, target, held_out, max_chunks=4),
         desc="train feature head",
-        disable=not progress,
+        progress=progress,
     )
-    try:
-        while progress_info["seconds"] < budget:
-            start = time.perf_counter()
-            fraction = progress_info["seconds"] / budget
-            warm = min(1.0, (progress_info["steps"] + 1) / (config.warmup_steps + 1))
-            lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["scale"]
-            index = torch.randint(len(train), (config.batch_size,), generator=generator)
-            inputs, next_tokens, targets = _head_inputs(train, index)
-            with torch.no_grad():
-                log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
-            g = _run_head(head, target, inputs, next_tokens)
-            log_q = head.logits(target, g, full=False).log_softmax(-1)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-            regression = F.smooth_l1_loss(_rms(g.float()), _rms(targets))
-            loss = kl + config.feature_weight * regression
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            optimizer.step()
-            elapsed = time.perf_counter() - start
-            progress_info["steps"] += 1
-            progress_info["tokens"] += next_tokens.numel()
-            progress_info["seconds"] += elapsed
-            bar.update(min(round(progress_info["seconds"]), bar.total) - bar.n)
-            status.update(
-                tokens=progress_info["tokens"],
-                kl=f"{float(kl.detach()):.3f}",
-                loss=f"{float(loss.detach()):.3f}",
-            )
-            now = time.perf_counter()
-            if now - last_eval > config.eval_seconds:
-                metrics = evaluate_head(head, target, held_out, max_chunks=2)
-                status["heldout_summin"] = f"{metrics['sum_min']:.3f}"
-                last_eval = time.perf_counter()
-            bar.set_postfix(status)
-            if now - last_save > config.save_seconds:
-                _save_state(state_path, head, optimizer, progress_info, generator)
-                last_save = time.perf_counter()
-    except KeyboardInterrupt:
-        _save_state(state_path, head, optimizer, progress_info, generator)
-        bar.close()
-        raise
-    bar.close()
-    _save_state(state_path, head, optimizer, progress_info, generator)
-    head.eval()
-    held = evaluate_head(head, target, held_out)
-    card = {
-        "kind": "feature",
-        "target": model_fingerprint(target),
-        "recipe": config.recipe(),
-        "minutes": config.minutes,
-        "steps": progress_info["steps"],
-        "tokens": progress_info["tokens"],
-        "seconds": round(progress_info["seconds"], 1),
-        "ridge_r2": progress_info["ridge_r2"],
-        "held_out_initial": progress_info["initial"],
-        "held_out": held,
+    fields = {
+        "held_out": evaluate_head(head, target, held_out),
         "draft_vocab": vocab_info,
         **(card_extra or {}),
     }
-    tensors = {name: value for name, value in head.state_dict().items()}
-    save_checkpoint(out_dir, tensors, card)
-    return json.loads((out_dir / "card.json").read_text())
+    return save_card(out_dir, head, target, "feature", config, record, fields)
 
 
 def _float32_target(target):
@@ -350,13 +277,22 @@ def train_drafter(
     ``minutes`` (resuming an interrupted run), save it; returns the checkpoint directory.
 
     The default directory is ``$XDG_CACHE_HOME/specbound/drafters/<kind>-<target hash>-<recipe hash>/``.
+    ``kind`` is ``"feature"``, ``"kangaroo:K"`` or ``"exit:K1,K2,..."`` (:mod:`executor.training.exit_heads`;
+    several exit layers train in one job and the path of the first layer's checkpoint is returned, the others
+    sit next to it under their own ``exit:K`` keys; with ``out``, in ``out/exit-K``).
     """
     from executor.training.checkpoint import default_checkpoint_dir
     from executor.training.corpus import load_corpus
     from executor.training.features import load_features, prepare_features
 
     if kind != "feature":
-        raise ValueError(f"kind must be 'feature' (the trained drafter kinds available), got {kind!r}")
+        from executor.training.exit_heads import ExitTrainConfig, parse_kind
+
+        parse_kind(kind, target.config.n_layers)  # 'exit:K[,K...]' or 'kangaroo:K', else ValueError
+        if config is None:
+            config = ExitTrainConfig(minutes=minutes)
+        elif not isinstance(config, ExitTrainConfig):
+            config = ExitTrainConfig(**asdict(config))
     config = TrainConfig(minutes=minutes) if config is None else config
     target = _float32_target(target)
     corpus = load_corpus(corpus)
@@ -375,6 +311,7 @@ def train_drafter(
         "train_tokens": train_tokens,
         "chunk_length": chunk_length,
     }
+    given_out = out
     out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
     train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
     corpus_info = {
@@ -391,5 +328,12 @@ def train_drafter(
 
         vocabulary = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
         card_extra["vocab_hash"] = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
+    if kind != "feature":
+        from executor.training.exit_heads import train_layer_kind
+
+        features = {"train": train, "held_out": held_out}
+        return train_layer_kind(
+            target, kind, directory, given_out, recipe, config, card_extra, features, progress
+        )
     train_feature_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
     return out

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "train a drafter (feature head) on the standard library or --corpus, within --minutes; resumable"
+HELP = "train a drafter (feature, exit:K, kangaroo:K) on the standard library or --corpus, in --minutes; resumable"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", default="feature", choices=["feature"], help="drafter kind to train")
+    parser.add_argument(
+        "--kind",
+        default="feature",
+        help="feature, exit:K[,K...] (one exit head per layer, trained in one job) or kangaroo:K",
+    )
     parser.add_argument("--minutes", type=float, default=6.0, help="optimisation budget (default 6)")
     parser.add_argument(
         "--corpus", default=None, help="a directory of text/code files or a .jsonl of texts (default: stdlib)"

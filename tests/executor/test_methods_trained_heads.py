@@ -1,0 +1,59 @@
+"""DEL and Kangaroo with the trained exit heads / Kangaroo adapter cached for the target: found by kind, used
+for drafting, greedy output identical to plain decoding; ``trained=True`` without a checkpoint is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor import methods
+from executor.decoders import AutoregressiveDecoder
+from executor.drafters.exit_head import KangarooDrafter
+from executor.training import checkpoint
+from tests.executor.test_drafters_exit_head import random_head
+
+PROMPT = [1, 2, 3, 1, 2]
+
+
+@pytest.fixture
+def target(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tiny_model(5, vocab_size=12, n_layers=4, max_seq_len=64)
+
+
+def cache_head(target, kind: str, seed: int):
+    family, _, layer = kind.partition(":")
+    head = random_head(target, seed, attention=family == "kangaroo", layer=int(layer))
+    fingerprint = checkpoint.model_fingerprint(target)
+    directory = checkpoint.default_checkpoint_dir(kind, fingerprint, {"recipe": 1})
+    checkpoint.save_checkpoint(directory, head.state_dict(), {"kind": kind, "target": fingerprint})
+    return directory
+
+
+def test_del_uses_the_cached_trained_exit_heads_and_stays_greedy_exact(target):
+    with pytest.raises(ValueError, match="no trained exit:K head is cached"):
+        methods.get("del")(target, trained=True)
+    for layer, seed in ((1, 3), (2, 4)):
+        cache_head(target, f"exit:{layer}", seed)
+    method = methods.get("del")(target, max_gamma=4)
+    assert method.layers == [1, 2] and method.options()["trained_layers"] == [1, 2]
+    untrained = methods.get("del")(target, layers=[1, 2], max_gamma=4, trained=False)
+    assert untrained.options()["trained_layers"] == []
+    reference = AutoregressiveDecoder(target).generate(PROMPT, 24).token_ids
+    result = method.run(PROMPT, max_new_tokens=24)
+    assert result.token_ids == reference
+    assert result.extra["verified_positions"] > len(result.token_ids) - 1 or result.steps < 24
+
+
+@pytest.mark.parametrize("name", ["kangaroo", "kangaroo-fixed"])
+def test_kangaroo_uses_the_cached_trained_adapter_and_stays_greedy_exact(target, name):
+    with pytest.raises(ValueError, match="no trained kangaroo:K adapter is cached"):
+        methods.get(name)(target, trained=True)
+    path = cache_head(target, "kangaroo:2", 7)
+    method = methods.get(name)(target, gamma=3)
+    assert method.exit_layer == 2 and method.options()["adapter"] == str(path)
+    assert isinstance(method.make_drafter(), KangarooDrafter)
+    assert methods.get(name)(target, exit_layer=1, gamma=3).options()["adapter"] is None
+    reference = AutoregressiveDecoder(target).generate(PROMPT, 24).token_ids
+    assert method.run(PROMPT, max_new_tokens=24).token_ids == reference
+    prediction = method.predict([[4, 5, 6, 7], [3, 3, 1]], 0.0, 12)
+    assert 0 <= prediction.details["eta"] <= 1
