@@ -22,9 +22,7 @@ mean :math:`\\sum_v \\min(p_v, q_v)`, ``kl`` = mean KL(p' || q) on the draft voc
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -34,8 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from executor.drafters.feature import FeatureHead
-from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, save_checkpoint
+from executor.training.checkpoint import model_fingerprint
 from executor.training.features import FeatureSet, target_logits
+from executor.training.loop import finish_checkpoint, rms, run_budgeted
 
 __all__ = [
     "TrainConfig",
@@ -47,7 +46,8 @@ __all__ = [
     "train_feature_head",
 ]
 
-STATE_NAME = "train_state.pt"
+#: Trained kinds and the module whose ``train_<kind>_head`` trains them.
+TRAINED_KINDS = ("feature", "falcon")
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,12 @@ class TrainConfig:
         return data
 
 
-def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def _head_inputs(features: FeatureSet, index: torch.Tensor):
+def _head_inputs(features: FeatureSet, index: torch.Tensor, ahead: int = 1):
+    """Entries ``(h_{s-1}, x_s)`` and the feature ``ahead`` positions on, ``h_{s-1+ahead}``."""
     hidden = features.hidden[index].float()
     tokens = features.tokens[index]
-    return hidden[:, :-1], tokens[:, 1:], hidden[:, 1:]
+    end = hidden.shape[1] - ahead
+    return hidden[:, :end], tokens[:, 1 : end + 1], hidden[:, ahead:]
 
 
 def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
@@ -134,15 +132,18 @@ def choose_vocab(target, train: FeatureSet, mode: str) -> tuple[torch.Tensor | N
     return (vocab if chosen == "reduced" else None), {**info, "chosen": chosen}
 
 
-def ridge_init(head: FeatureHead, target, train: FeatureSet, rows: int, ridge: float, generator) -> float:
-    """Set ``head.fc`` to the ridge solution; returns the fit's R^2 on the rows used."""
-    count = min(len(train), max(1, rows // max(train.tokens.shape[1] - 1, 1)))
+def ridge_init(
+    head: FeatureHead, target, train: FeatureSet, rows: int, ridge: float, generator, ahead: int = 1
+) -> float:
+    """Set ``head.fc`` to the ridge solution (target: the feature ``ahead`` positions on, the one the head
+    predicts); returns the fit's R^2 on the rows used."""
+    count = min(len(train), max(1, rows // max(train.tokens.shape[1] - ahead, 1)))
     index = torch.randperm(len(train), generator=generator)[:count]
-    inputs, next_tokens, targets = _head_inputs(train, index)
+    inputs, next_tokens, targets = _head_inputs(train, index, ahead)
     with torch.no_grad():
         x = torch.cat([target.norm(inputs).float(), target.tok_embeddings(next_tokens).float()], -1)
         x = x.reshape(-1, x.shape[-1]).double()
-        y = _rms(targets.float()).reshape(-1, targets.shape[-1]).double()
+        y = rms(targets.float()).reshape(-1, targets.shape[-1]).double()
         x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
         gram = x.T @ x
         scale = float(gram.diagonal().mean())
@@ -180,20 +181,6 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
 
 
-def _save_state(path: Path, head, optimizer, progress: dict, generator) -> None:
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "head": head.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "progress": progress,
-            "generator": generator.get_state(),
-        },
-        buffer,
-    )
-    atomic_write_bytes(path, buffer.getvalue())
-
-
 def train_feature_head(
     target,
     train: FeatureSet,
@@ -209,8 +196,6 @@ def train_feature_head(
     ``out_dir`` receives ``train_state.pt`` during training and the checkpoint (weights + card) at the end.
     ``KeyboardInterrupt`` saves the state first, so the next call resumes.
     """
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(config.seed)
@@ -221,96 +206,51 @@ def train_feature_head(
         {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
         {"params": list(head.layer.parameters()), "scale": 1.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-    state_path = out_dir / STATE_NAME
-    progress_info = {"steps": 0, "tokens": 0, "seconds": 0.0, "ridge_r2": None, "initial": None}
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
-        progress_info = state["progress"]
-        generator.set_state(state["generator"])
-    else:
-        progress_info["initial"] = evaluate_head(head, target, held_out, max_chunks=4)
-        progress_info["ridge_r2"] = ridge_init(
-            head, target, train, config.ridge_rows, config.ridge, generator
-        )
-    budget = 60.0 * config.minutes
-    head.train()
-    last_save = last_eval = time.perf_counter()
-    status = {}
-    bar = tqdm(
-        total=round(budget),
-        initial=round(min(progress_info["seconds"], budget)),
-        unit="s",
+
+    def initialise() -> dict:
+        initial = evaluate_head(head, target, held_out, max_chunks=4)
+        return {
+            "initial": initial,
+            "ridge_r2": ridge_init(head, target, train, config.ridge_rows, config.ridge, generator),
+        }
+
+    def step(fraction: float):
+        index = torch.randint(len(train), (config.batch_size,), generator=generator)
+        inputs, next_tokens, targets = _head_inputs(train, index)
+        with torch.no_grad():
+            log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
+        g = _run_head(head, target, inputs, next_tokens)
+        log_q = head.logits(target, g, full=False).log_softmax(-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        regression = F.smooth_l1_loss(rms(g.float()), rms(targets))
+        return kl + config.feature_weight * regression, {
+            "tokens": next_tokens.numel(),
+            "kl": f"{float(kl.detach()):.3f}",
+        }
+
+    def evaluate() -> dict:
+        return {"heldout_summin": f"{evaluate_head(head, target, held_out, max_chunks=2)['sum_min']:.3f}"}
+
+    record = run_budgeted(
+        head,
+        groups,
+        out_dir,
+        config,
+        generator,
+        step=step,
+        initialise=initialise,
+        evaluate=evaluate,
         desc="train feature head",
-        disable=not progress,
+        progress=progress,
     )
-    try:
-        while progress_info["seconds"] < budget:
-            start = time.perf_counter()
-            fraction = progress_info["seconds"] / budget
-            warm = min(1.0, (progress_info["steps"] + 1) / (config.warmup_steps + 1))
-            lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["scale"]
-            index = torch.randint(len(train), (config.batch_size,), generator=generator)
-            inputs, next_tokens, targets = _head_inputs(train, index)
-            with torch.no_grad():
-                log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
-            g = _run_head(head, target, inputs, next_tokens)
-            log_q = head.logits(target, g, full=False).log_softmax(-1)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-            regression = F.smooth_l1_loss(_rms(g.float()), _rms(targets))
-            loss = kl + config.feature_weight * regression
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            optimizer.step()
-            elapsed = time.perf_counter() - start
-            progress_info["steps"] += 1
-            progress_info["tokens"] += next_tokens.numel()
-            progress_info["seconds"] += elapsed
-            bar.update(min(round(progress_info["seconds"]), bar.total) - bar.n)
-            status.update(
-                tokens=progress_info["tokens"],
-                kl=f"{float(kl.detach()):.3f}",
-                loss=f"{float(loss.detach()):.3f}",
-            )
-            now = time.perf_counter()
-            if now - last_eval > config.eval_seconds:
-                metrics = evaluate_head(head, target, held_out, max_chunks=2)
-                status["heldout_summin"] = f"{metrics['sum_min']:.3f}"
-                last_eval = time.perf_counter()
-            bar.set_postfix(status)
-            if now - last_save > config.save_seconds:
-                _save_state(state_path, head, optimizer, progress_info, generator)
-                last_save = time.perf_counter()
-    except KeyboardInterrupt:
-        _save_state(state_path, head, optimizer, progress_info, generator)
-        bar.close()
-        raise
-    bar.close()
-    _save_state(state_path, head, optimizer, progress_info, generator)
-    head.eval()
-    held = evaluate_head(head, target, held_out)
-    card = {
-        "kind": "feature",
-        "target": model_fingerprint(target),
-        "recipe": config.recipe(),
-        "minutes": config.minutes,
-        "steps": progress_info["steps"],
-        "tokens": progress_info["tokens"],
-        "seconds": round(progress_info["seconds"], 1),
-        "ridge_r2": progress_info["ridge_r2"],
-        "held_out_initial": progress_info["initial"],
-        "held_out": held,
+    fields = {
+        "ridge_r2": record["ridge_r2"],
+        "held_out_initial": record["initial"],
+        "held_out": evaluate_head(head, target, held_out),
         "draft_vocab": vocab_info,
         **(card_extra or {}),
     }
-    tensors = {name: value for name, value in head.state_dict().items()}
-    save_checkpoint(out_dir, tensors, card)
-    return json.loads((out_dir / "card.json").read_text())
+    return finish_checkpoint(head, target, out_dir, "feature", config, record, fields)
 
 
 def _float32_target(target):
@@ -355,8 +295,8 @@ def train_drafter(
     from executor.training.corpus import load_corpus
     from executor.training.features import load_features, prepare_features
 
-    if kind != "feature":
-        raise ValueError(f"kind must be 'feature' (the trained drafter kinds available), got {kind!r}")
+    if kind not in TRAINED_KINDS:
+        raise ValueError(f"kind must be one of {TRAINED_KINDS} (the trained drafter kinds), got {kind!r}")
     config = TrainConfig(minutes=minutes) if config is None else config
     target = _float32_target(target)
     corpus = load_corpus(corpus)
@@ -391,5 +331,9 @@ def train_drafter(
 
         vocabulary = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
         card_extra["vocab_hash"] = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
-    train_feature_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
+    if kind == "falcon":
+        from executor.training.falcon import train_falcon_head as train_head
+    else:
+        train_head = train_feature_head
+    train_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
     return out
