@@ -22,7 +22,7 @@ import torch
 
 from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, save_checkpoint
 
-__all__ = ["STATE_NAME", "finish_checkpoint", "rms", "run_budgeted"]
+__all__ = ["STATE_NAME", "agreement_sums", "finish_checkpoint", "rms", "run_budgeted"]
 
 STATE_NAME = "train_state.pt"
 
@@ -30,6 +30,23 @@ STATE_NAME = "train_state.pt"
 def rms(x: torch.Tensor) -> torch.Tensor:
     """RMS-normalise the last axis (the scale the feature regression compares at)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def agreement_sums(p: torch.Tensor, q_logits: torch.Tensor, vocab: torch.Tensor) -> dict:
+    """Sums over rows of ``top1`` = [argmax q = argmax p], ``sum_min`` = :math:`\\sum_v \\min(p_v, q_v)` and
+    ``kl`` = KL(p' || q) on the draft vocabulary (``p'`` = ``p`` renormalised there), plus the row count.
+
+    ``p`` ``(n, V)`` probabilities; ``q_logits`` ``(n, V)`` with ``-inf`` outside ``vocab``.
+    """
+    q = q_logits.softmax(-1)
+    p_draft = p[:, vocab] / p[:, vocab].sum(-1, keepdim=True)
+    log_q = q_logits[:, vocab].log_softmax(-1)
+    return {
+        "top1": float((q.argmax(-1) == p.argmax(-1)).sum()),
+        "sum_min": float(torch.minimum(p, q).sum()),
+        "kl": float((p_draft * (p_draft.clamp_min(1e-30).log() - log_q)).sum()),
+        "tokens": p.shape[0],
+    }
 
 
 def _save_state(path: Path, head, optimizer, progress: dict, generator) -> None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from executor.drafters.feature import FeatureHead
 from executor.training.checkpoint import model_fingerprint
 from executor.training.features import FeatureSet, target_logits
-from executor.training.loop import finish_checkpoint, rms, run_budgeted
+from executor.training.loop import agreement_sums, finish_checkpoint, rms, run_budgeted
 
 __all__ = [
     "TrainConfig",
@@ -158,8 +158,7 @@ def ridge_init(
 
 def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
     """Held-out ``top1``, ``sum_min``, ``kl`` (see the module docstring) and the number of ``tokens``."""
-    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0}
-    tokens = 0
+    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
     chunks = len(held_out) if max_chunks is None else min(max_chunks, len(held_out))
     was_training = head.training
     head.eval()
@@ -168,16 +167,10 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
             inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([i]))
             g = _run_head(head, target, inputs, next_tokens)[0]
             p = target_logits(target, targets[0]).softmax(-1)
-            q_logits = head.logits(target, g)
-            q = q_logits.softmax(-1)
-            totals["top1"] += float((q.argmax(-1) == p.argmax(-1)).sum())
-            totals["sum_min"] += float(torch.minimum(p, q).sum())
-            vocab = head.vocab
-            p_draft = p[:, vocab] / p[:, vocab].sum(-1, keepdim=True)
-            log_q = q_logits[:, vocab].log_softmax(-1)
-            totals["kl"] += float((p_draft * (p_draft.clamp_min(1e-30).log() - log_q)).sum())
-            tokens += p.shape[0]
+            for name, value in agreement_sums(p, head.logits(target, g), head.vocab).items():
+                totals[name] += value
     head.train(was_training)
+    tokens = totals.pop("tokens")
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
 
 
