@@ -11,11 +11,12 @@ __all__ = [
     "default_drafter",
     "feature_checkpoint",
     "parse_drafter",
+    "trained_checkpoint",
     "trained_default_drafter",
 ]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
-DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature")
+DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "falcon")
 
 
 def default_drafter(target, *, train_if_missing: bool = False) -> str:
@@ -38,7 +39,8 @@ def parse_drafter(spec: str, target, *, load=None):
     :class:`ModelDrafter` on the model ``load(PATH)`` returns (``load`` defaults to
     :func:`executor.weights.load_model`, returning ``(model, tokenizer)``); ``"feature"`` ->
     :class:`FeatureDrafter` from the cached checkpoint for ``target`` (trained first, with a message, when there
-    is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``.
+    is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``;
+    ``"falcon"`` / ``"falcon:PATH"`` -> :class:`FalconDrafter` the same way.
     """
     if not isinstance(spec, str):
         raise ValueError(
@@ -67,8 +69,14 @@ def parse_drafter(spec: str, target, *, load=None):
 
         path = argument if argument else feature_checkpoint(target)
         return FeatureDrafter.from_checkpoint(target, path, name=spec)
+    if kind == "falcon":
+        from executor.drafters.falcon import FalconDrafter
+
+        path = argument if argument else trained_checkpoint(target, "falcon")
+        return FalconDrafter.from_checkpoint(target, path, name=spec)
     raise ValueError(
-        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH' or 'feature[:PATH]'"
+        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH', 'feature[:PATH]' or "
+        "'falcon[:PATH]'"
     )
 
 
@@ -78,25 +86,32 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
     Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
     receives the message saying that a drafter is being trained.
     """
+    return trained_checkpoint(
+        target, "feature", train_if_missing=train_if_missing, tokenizer=tokenizer, log=log
+    )
+
+
+def trained_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokenizer=None, log=None):
+    """:func:`feature_checkpoint` for any trained ``kind`` (``"feature"``, ``"falcon"``)."""
     import sys
 
     from executor.training.trainer import cached_checkpoints, train_drafter
 
-    found = cached_checkpoints(target, "feature")
+    found = cached_checkpoints(target, kind)
     if found:
         return found[0]
     if not train_if_missing:
         return None
     log = log or (lambda message: print(message, file=sys.stderr))
     log(
-        "no trained feature drafter for this model in the cache: training one now on the standard library "
-        "(about 10 minutes, once; `specbound train-drafter --kind feature` does the same)"
+        f"no trained {kind} drafter for this model in the cache: training one now on the standard library "
+        f"(about 10 minutes, once; `specbound train-drafter --kind {kind}` does the same)"
     )
     if tokenizer is None:
         from executor.weights import load_tokenizer
 
         tokenizer = load_tokenizer()
-    return train_drafter(target, tokenizer, kind="feature")
+    return train_drafter(target, tokenizer, kind=kind)
 
 
 _FALLBACK_SAID: set[str] = set()
