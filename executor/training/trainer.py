@@ -290,9 +290,12 @@ def train_drafter(
 
     if kind not in TRAINED_KINDS:
         raise ValueError(f"kind must be one of {TRAINED_KINDS} (the trained drafter kinds), got {kind!r}")
+    from executor.training.selfdistill import merge_features, parse_self_corpus, self_distilled_features
+
     config = TrainConfig(minutes=minutes) if config is None else config
     target = _float32_target(target)
-    corpus = load_corpus(corpus)
+    self_tokens = parse_self_corpus(corpus)  # "self:N": N generated tokens, then the standard library
+    corpus = load_corpus(None if self_tokens else corpus)
     directory = prepare_features(
         target,
         tokenizer,
@@ -308,8 +311,15 @@ def train_drafter(
         "train_tokens": train_tokens,
         "chunk_length": chunk_length,
     }
-    out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
     train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
+    self_info = None
+    if self_tokens:
+        generated, self_info = self_distilled_features(
+            target, tokenizer, self_tokens, chunk_length=chunk_length, progress=progress
+        )
+        train = merge_features(generated, train)
+        recipe["self_distill"] = {k: self_info[k] for k in ("self_distill_tokens", "oversample")}
+    out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
     corpus_info = {
         "name": corpus.name,
         "fingerprint": corpus.fingerprint(),
@@ -317,6 +327,8 @@ def train_drafter(
         "held_out_tokens": int(held_out.tokens.numel()),
         "split_rule": "held out iff int.from_bytes(sha256(relative path)[:8], 'big') % 20 == 0",
     }
+    if self_info:
+        corpus_info["self_distill"] = self_info
     card_extra = {"corpus": corpus_info}
     backend = getattr(tokenizer, "backend", None)
     if backend is not None:  # the token strings, so a re-tokenised vocabulary is told apart

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "train a drafter (feature head) on the standard library or --corpus, within --minutes; resumable"
+HELP = "train a drafter (feature or falcon head) on the standard library or --corpus, within --minutes; resumable"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", default="feature", choices=["feature"], help="drafter kind to train")
+    parser.add_argument(
+        "--kind", default="feature", choices=["feature", "falcon"], help="drafter kind to train"
+    )
     parser.add_argument("--minutes", type=float, default=6.0, help="optimisation budget (default 6)")
     parser.add_argument(
         "--corpus", default=None, help="a directory of text/code files or a .jsonl of texts (default: stdlib)"
@@ -74,4 +76,10 @@ def run(args: argparse.Namespace) -> int:
             f"sum-min(p, q) {held['sum_min']:.3f}, KL {held['kl']:.3f}; {card['steps']} steps, "
             f"{card['tokens']} tokens, {card['seconds']} s; draft vocabulary {card['draft_vocab']['chosen']}"
         )
+        if "held_out_token2" in card:
+            second = card["held_out_token2"]
+            print(
+                f"token 2 of each pass: top-1 {second['top1']:.3f}, sum-min(p, q) {second['sum_min']:.3f}, "
+                f"KL {second['kl']:.3f}"
+            )
     return 0
