@@ -10,7 +10,8 @@ Medusa-2's self-distillation, Cai et al., ICML 2024, arXiv 2401.10774, train on 
 
 **Starts** (HumanEval is never read): three in four batches start from a ``code_prompt_tokens``-token window of a
 standard-library *training* file (the window's offset is fixed by the file's path hash), one in four from one of
-the prose openers below (written for this module), cut to ``prose_prompt_tokens`` tokens.
+the prose openers below (written for this module, unlike any evaluation prompt in
+:mod:`experiments.prompts`), cut to ``prose_prompt_tokens`` tokens.
 
 **Generation** is batched (``batch_size`` rows share positions, so one forward per new token), at T = 1 with a
 seeded generator per batch (batch ``i`` uses seed ``seed + i``: a resumed run draws exactly what an uninterrupted
@@ -43,10 +44,10 @@ __all__ = [
 OVERSAMPLE = 3
 
 PROSE_OPENERS = (
-    "The history of the lighthouse on the northern cape begins with a shipwreck in the winter of",
+    "Nobody remembers exactly when the lighthouse on the northern cape was built, but the oldest record is",
     "When we first moved to the city, the thing that surprised me most was how quiet the mornings",
     "Photosynthesis is the process by which green plants use sunlight to turn water and carbon dioxide",
-    "Dear committee members, I am writing to follow up on the proposal we discussed at last week's",
+    "Following up on the proposal discussed at last week's board session, the committee has agreed that",
     "The recipe calls for two cups of flour, a pinch of salt and butter that has been left out",
     "In the late nineteenth century, railways changed the way small towns traded with each other because",
     "Most people think of glaciers as frozen and still, but in fact they move slowly downhill under",
