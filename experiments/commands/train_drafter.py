@@ -14,7 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--minutes", type=float, default=6.0, help="optimisation budget (default 6)")
     parser.add_argument(
-        "--corpus", default=None, help="a directory of text/code files or a .jsonl of texts (default: stdlib)"
+        "--corpus",
+        default=None,
+        help="a directory of text/code files, a .jsonl of texts, or self:N (N tokens the target generates at "
+        "T = 1 from stdlib-code and prose starts, then the stdlib; cached, resumable) (default: stdlib)",
     )
     parser.add_argument(
         "--dtype",
@@ -49,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
     if args.train_tokens < 1024:
         raise ValueError(f"--train-tokens must be at least 1024, got {args.train_tokens}")
+    from executor.training.selfdistill import parse_self_corpus
+
+    parse_self_corpus(args.corpus)  # a bad self:N fails before the model loads
     set_torch_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu", dtype=getattr(torch, args.dtype))
     try:
