@@ -125,8 +125,8 @@ def generate_continuations(
     *,
     code_prompt_tokens: int = 48,
     prose_prompt_tokens: int = 12,
-    new_tokens: int = 128,
-    batch_size: int = 8,
+    new_tokens: int = 96,
+    batch_size: int = 16,
     seed: int = 0,
     progress: bool = True,
 ) -> tuple[list[list[int]], Path]:
