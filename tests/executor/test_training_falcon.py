@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
     return target, load_features(directory, "train"), load_features(directory, "held_out")
 
 
-CONFIG = TrainConfig(minutes=0.06, lr=3e-3, batch_size=8, vocab="full", eval_seconds=1.0)
+CONFIG = TrainConfig(minutes=0.12, lr=3e-3, batch_size=4, vocab="full", eval_seconds=1.0)
 
 
 @pytest.fixture(scope="module")
