@@ -13,6 +13,7 @@ from executor.decoders import (
     MultiDraftDecoder,
     Sampling,
     TreeDecoder,
+    falcon_tree,
 )
 from executor.device import resolve_dtype
 from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
@@ -54,6 +55,8 @@ def build_decoder(
         return ChainDecoder(target, draft, gamma=gamma, **common)
     if decoder == "multidraft":
         return MultiDraftDecoder(target, draft, n=n, verifier=verifier or "rrs", **common)
+    if tree is None and getattr(draft, "kind", None) == "falcon":  # Falcon's pass-by-pass tree
+        tree = falcon_tree(passes=(gamma + 1) // 2, width=n)
     shape = DynamicTree(budget=gamma * n + 1, max_depth=gamma, branching=n) if tree is None else tree
     return TreeDecoder(target, draft, tree=shape, verifier=verifier or "rrs_wor", **common)
 
@@ -113,7 +116,8 @@ def generate(
         Drafts per step (multidraft) or children per node (tree).
     tree : theory.Tree or parent array, optional
         A static tree for ``decoder="tree"``; default a dynamic tree of ``gamma * n + 1`` nodes,
-        ``gamma`` levels and ``n`` children per node.
+        ``gamma`` levels and ``n`` children per node; with the ``falcon`` drafter Falcon's pass-by-pass tree
+        :func:`executor.decoders.falcon_tree` with ``ceil(gamma / 2)`` passes and width ``n``.
     temperature, top_k, top_p
         Sampling (temperature 0 = greedy).
     max_new_tokens : int

@@ -3,6 +3,7 @@
 from executor.decoders.autoregressive import AutoregressiveDecoder
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, run_tree
 from executor.decoders.chain import ChainDecoder, ConfidenceStop
+from executor.decoders.falcon_tree import falcon_tree
 from executor.decoders.multidraft import MultiDraftDecoder
 from executor.decoders.tree import TREE_VERIFIERS, DynamicTree, TreeDecoder
 
@@ -18,5 +19,6 @@ __all__ = [
     "Sampling",
     "TREE_VERIFIERS",
     "TreeDecoder",
+    "falcon_tree",
     "run_tree",
 ]

@@ -22,6 +22,8 @@ One module per drafter kind:
 * :class:`FeatureDrafter` -- a trained feature-level head on the target's final hidden states (EAGLE, Li et al.,
   ICML 2024, arXiv 2401.15077), with its own one-layer KV cache; it sets ``needs_target_hidden``, so the
   decoder keeps the target's hidden states of the committed tokens in ``DecodingState.hidden``.
+* :class:`FalconDrafter` -- Falcon's semi-autoregressive variant of that head (Gao et al., AAAI 2025,
+  arXiv 2412.12639): two tree levels per head pass.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ __all__ = [
     "Drafter",
     "default_drafter",
     "EarlyExitDrafter",
+    "FalconDrafter",
+    "FalconHead",
     "FeatureDrafter",
     "FeatureHead",
     "ModelDrafter",
@@ -79,6 +83,7 @@ class Drafter(Protocol):
 
 
 from executor.drafters.early_exit import EarlyExitDrafter  # noqa: E402  (the protocol above comes first)
+from executor.drafters.falcon import FalconDrafter, FalconHead  # noqa: E402
 from executor.drafters.feature import FeatureDrafter, FeatureHead  # noqa: E402
 from executor.drafters.ngram import PromptLookupDrafter  # noqa: E402
 from executor.drafters.parse import DRAFTER_KINDS, default_drafter, parse_drafter  # noqa: E402

@@ -100,6 +100,8 @@ class FeatureDrafter:
 
     deterministic = False
     needs_target_hidden = True
+    kind = KIND
+    head_class = FeatureHead
 
     def __init__(self, target, head: FeatureHead, name: str = KIND, card: dict | None = None) -> None:
         if head.config.dim != target.config.dim or head.config.vocab_size != target.config.vocab_size:
@@ -122,13 +124,13 @@ class FeatureDrafter:
         """Load a checkpoint directory written by :func:`executor.training.train_drafter` for ``target``."""
         from executor.training.checkpoint import load_checkpoint
 
-        tensors, card = load_checkpoint(path, target=target, kind=KIND)
-        head = FeatureHead(target.config, tensors.get("vocab"))
+        tensors, card = load_checkpoint(path, target=target, kind=cls.kind)
+        head = cls.head_class(target.config, tensors.get("vocab"))
         try:
             head.load_state_dict(tensors, strict=True)
         except RuntimeError as error:
-            raise ValueError(f"checkpoint {str(path)!r} does not hold a feature head: {error}") from None
-        return cls(target, head, name=name or f"{KIND}:{path}", card=card)
+            raise ValueError(f"checkpoint {str(path)!r} does not hold a {cls.kind} head: {error}") from None
+        return cls(target, head, name=name or f"{cls.kind}:{path}", card=card)
 
     def check_target(self, target) -> None:
         if target is not self.target:

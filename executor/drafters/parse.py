@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
-DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "exit", "kangaroo")
+DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "falcon", "exit", "kangaroo")
 
 
 def default_drafter(target, *, train_if_missing: bool = False) -> str:
@@ -39,7 +39,8 @@ def parse_drafter(spec: str, target, *, load=None):
     :class:`ModelDrafter` on the model ``load(PATH)`` returns (``load`` defaults to
     :func:`executor.weights.load_model`, returning ``(model, tokenizer)``); ``"feature"`` ->
     :class:`FeatureDrafter` from the cached checkpoint for ``target`` (trained first, with a message, when there
-    is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``.
+    is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``;
+    ``"falcon"`` / ``"falcon:PATH"`` -> :class:`FalconDrafter` the same way.
     """
     if not isinstance(spec, str):
         raise ValueError(
@@ -70,8 +71,13 @@ def parse_drafter(spec: str, target, *, load=None):
         return FeatureDrafter.from_checkpoint(target, path, name=spec)
     if kind in ("exit", "kangaroo"):
         return _layer_drafter(spec, target)
+    if kind == "falcon":
+        from executor.drafters.falcon import FalconDrafter
+
+        path = argument if argument else kind_checkpoint(target, "falcon")
+        return FalconDrafter.from_checkpoint(target, path, name=spec)
     raise ValueError(
-        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH', 'feature[:PATH]', "
+        f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH', 'feature[:PATH]', 'falcon[:PATH]', "
         "'exit:K[:PATH]' or 'kangaroo:K[:PATH]'"
     )
 
@@ -101,7 +107,7 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
 
 
 def kind_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokenizer=None, log=None):
-    """The newest cached checkpoint of ``kind`` (``"feature"``, ``"exit:K"``, ``"kangaroo:K"``) for ``target``;
+    """The newest cached checkpoint of ``kind`` (``"feature"``, ``"falcon"``, ``"exit:K"``, ``"kangaroo:K"``) for ``target``;
     trains one first, with a message, when there is none (``None`` without ``train_if_missing``)."""
     import sys
 

@@ -8,7 +8,7 @@ reads :math:`h_{K,t}` (for Kangaroo, :math:`h_{K,\\le t}`) to predict it, so no 
 Recipe (the feature kind's, :mod:`executor.training.trainer`): the projection ``fc`` starts at the ridge
 solution of the target's RMS-normalised final feature on ``[RMSNorm(h_K), 1]`` (Kangaroo's attention branch
 starts at zero, so the adapter starts as the ridge-fitted exit head), then AdamW minimises KL(p' || q) at
-T = 1 on the draft vocabulary (:func:`executor.training.loop.run_budget`). Kangaroo's paper trains its adapter
+T = 1 on the draft vocabulary (:func:`executor.training.loop.run_budgeted`). Kangaroo's paper trains its adapter
 by the same soft cross-entropy (Liu et al., NeurIPS 2024, arXiv 2404.18911, ``train.py``).
 
 * ``exit:K1,K2,...`` trains one head per layer **in one job**: every step draws one batch of positions and sums
@@ -32,7 +32,7 @@ import torch
 from executor.drafters.exit_head import ExitHead
 from executor.training.features import FeatureSet, target_logits
 from executor.training.layer_features import add_layer_features, load_layer_features
-from executor.training.loop import distribution_totals, ridge_solve, run_budget, save_card
+from executor.training.loop import agreement_sums, finish_checkpoint, ridge_solve, run_budgeted
 from executor.training.trainer import TrainConfig, choose_vocab
 
 __all__ = [
@@ -127,8 +127,8 @@ def evaluate_exit_head(head: ExitHead, target, held_out: LayerData, max_chunks: 
         for i in range(chunks):
             z = _run(head, target, held_out.layers[head.layer][i : i + 1].float())[0]
             p = target_logits(target, held_out.features.hidden[i].float()).softmax(-1)
-            for name, value in distribution_totals(p, head.logits(target, z), head.vocab).items():
-                totals[name] += value
+            for name in totals:
+                totals[name] += agreement_sums(p, head.logits(target, z), head.vocab)[name]
             tokens += p.shape[0]
     head.train(was_training)
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
@@ -198,10 +198,9 @@ def train_exit_heads(
         if head.has_attention:
             rest = [*head.attention_norm.parameters(), *head.attention.parameters()]
             groups.append({"params": rest, "scale": 1.0})
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
     reduced = heads[str(layers[0])].reduced
 
-    def loss_step():
+    def step(fraction: float):
         index, windows = _sample(family, train, config, generator)
         with torch.no_grad():
             final = _gather(train.features.hidden, family, index, windows)
@@ -211,29 +210,25 @@ def train_exit_heads(
             z = _run(head, target, _gather(train.layers[int(k)], family, index, windows))
             log_q = head.logits(target, z, full=False).log_softmax(-1)
             losses[k] = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-        loss = sum(losses.values())
-        return (
-            loss,
-            log_p.shape[0] * log_p.shape[1],
-            {f"kl{k}": f"{float(v.detach()):.3f}" for k, v in losses.items()},
-        )
+        figures = {f"kl{k}": f"{float(v.detach()):.3f}" for k, v in losses.items()}
+        return sum(losses.values()), {"tokens": log_p.shape[0] * log_p.shape[1], **figures}
 
-    def initialise():
+    def initialise() -> dict:
+        initial = {k: evaluate_exit_head(head, target, held_out, 2) for k, head in heads.items()}
         r2 = {
             k: ridge_init_exit(head, train, config.ridge_rows, config.ridge, generator)
             for k, head in heads.items()
         }
-        return r2
+        return {"initial": initial, "ridge_r2": r2}
 
-    def evaluate(max_chunks=2):
+    def evaluate() -> dict:
         # The progress bar shows the deepest head's held-out sum-min; the card records each head's.
-        metrics = {k: evaluate_exit_head(head, target, held_out, max_chunks) for k, head in heads.items()}
-        return metrics[str(layers[-1])] | {"by_layer": metrics}
+        deepest = evaluate_exit_head(heads[str(layers[-1])], target, held_out, 2)
+        return {"heldout_summin": f"{deepest['sum_min']:.3f}"}
 
-    record = run_budget(
+    record = run_budgeted(
         heads,
-        optimizer,
-        loss_step,
+        groups,
         state_dir,
         config,
         generator,
@@ -245,19 +240,16 @@ def train_exit_heads(
     cards = {}
     for k in layers:
         head = heads[str(k)]
-        layer_record = {
-            **record,
-            "ridge_r2": (record["ridge_r2"] or {}).get(str(k)),
-            "initial": (record["initial"] or {}).get("by_layer", {}).get(str(k)),
-        }
         fields = {
+            "ridge_r2": record["ridge_r2"][str(k)],
+            "held_out_initial": record["initial"][str(k)],
             "held_out": evaluate_exit_head(head, target, held_out),
             "draft_vocab": vocab_info,
             "layer": k,
             "trained_with": kind,
             **(card_extra or {}),
         }
-        cards[k] = save_card(out_dirs[k], head, target, head.kind, config, layer_record, fields)
+        cards[k] = finish_checkpoint(head, target, out_dirs[k], head.kind, config, record, fields)
     return cards
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from executor.drafters.feature import FeatureHead
 from executor.training.checkpoint import model_fingerprint
 from executor.training.features import FeatureSet, target_logits
-from executor.training.loop import run_budget, save_card
+from executor.training.loop import agreement_sums, finish_checkpoint, ridge_solve, rms, run_budgeted
 
 __all__ = [
     "TrainConfig",
@@ -45,6 +45,9 @@ __all__ = [
     "train_drafter",
     "train_feature_head",
 ]
+
+#: Trained kinds and the module whose ``train_<kind>_head`` trains them.
+TRAINED_KINDS = ("feature", "falcon")
 
 
 @dataclass(frozen=True)
@@ -81,14 +84,12 @@ class TrainConfig:
         return data
 
 
-def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def _head_inputs(features: FeatureSet, index: torch.Tensor):
+def _head_inputs(features: FeatureSet, index: torch.Tensor, ahead: int = 1):
+    """Entries ``(h_{s-1}, x_s)`` and the feature ``ahead`` positions on, ``h_{s-1+ahead}``."""
     hidden = features.hidden[index].float()
     tokens = features.tokens[index]
-    return hidden[:, :-1], tokens[:, 1:], hidden[:, 1:]
+    end = hidden.shape[1] - ahead
+    return hidden[:, :end], tokens[:, 1 : end + 1], hidden[:, ahead:]
 
 
 def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
@@ -131,31 +132,26 @@ def choose_vocab(target, train: FeatureSet, mode: str) -> tuple[torch.Tensor | N
     return (vocab if chosen == "reduced" else None), {**info, "chosen": chosen}
 
 
-def ridge_init(head: FeatureHead, target, train: FeatureSet, rows: int, ridge: float, generator) -> float:
-    """Set ``head.fc`` to the ridge solution; returns the fit's R^2 on the rows used."""
-    count = min(len(train), max(1, rows // max(train.tokens.shape[1] - 1, 1)))
+def ridge_init(
+    head: FeatureHead, target, train: FeatureSet, rows: int, ridge: float, generator, ahead: int = 1
+) -> float:
+    """Set ``head.fc`` to the ridge solution (target: the feature ``ahead`` positions on, the one the head
+    predicts); returns the fit's R^2 on the rows used."""
+    count = min(len(train), max(1, rows // max(train.tokens.shape[1] - ahead, 1)))
     index = torch.randperm(len(train), generator=generator)[:count]
-    inputs, next_tokens, targets = _head_inputs(train, index)
+    inputs, next_tokens, targets = _head_inputs(train, index, ahead)
     with torch.no_grad():
         x = torch.cat([target.norm(inputs).float(), target.tok_embeddings(next_tokens).float()], -1)
-        x = x.reshape(-1, x.shape[-1]).double()
-        y = _rms(targets.float()).reshape(-1, targets.shape[-1]).double()
-        x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
-        gram = x.T @ x
-        scale = float(gram.diagonal().mean())
-        solution = torch.linalg.solve(
-            gram + ridge * scale * torch.eye(gram.shape[0], dtype=gram.dtype), x.T @ y
-        )
-        head.fc.weight.copy_(solution[:-1].T.float())
-        head.fc.bias.copy_(solution[-1].float())
-        residual = y - x @ solution
-        return float(1 - residual.pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+        y = rms(targets.float()).reshape(-1, targets.shape[-1])
+        weight, bias, r2 = ridge_solve(x.reshape(-1, x.shape[-1]), y, ridge)
+        head.fc.weight.copy_(weight)
+        head.fc.bias.copy_(bias)
+        return r2
 
 
 def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
     """Held-out ``top1``, ``sum_min``, ``kl`` (see the module docstring) and the number of ``tokens``."""
-    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0}
-    tokens = 0
+    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
     chunks = len(held_out) if max_chunks is None else min(max_chunks, len(held_out))
     was_training = head.training
     head.eval()
@@ -164,16 +160,10 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
             inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([i]))
             g = _run_head(head, target, inputs, next_tokens)[0]
             p = target_logits(target, targets[0]).softmax(-1)
-            q_logits = head.logits(target, g)
-            q = q_logits.softmax(-1)
-            totals["top1"] += float((q.argmax(-1) == p.argmax(-1)).sum())
-            totals["sum_min"] += float(torch.minimum(p, q).sum())
-            vocab = head.vocab
-            p_draft = p[:, vocab] / p[:, vocab].sum(-1, keepdim=True)
-            log_q = q_logits[:, vocab].log_softmax(-1)
-            totals["kl"] += float((p_draft * (p_draft.clamp_min(1e-30).log() - log_q)).sum())
-            tokens += p.shape[0]
+            for name, value in agreement_sums(p, head.logits(target, g), head.vocab).items():
+                totals[name] += value
     head.train(was_training)
+    tokens = totals.pop("tokens")
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
 
 
@@ -192,7 +182,6 @@ def train_feature_head(
     ``out_dir`` receives ``train_state.pt`` during training and the checkpoint (weights + card) at the end.
     ``KeyboardInterrupt`` saves the state first, so the next call resumes.
     """
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(config.seed)
@@ -203,9 +192,15 @@ def train_feature_head(
         {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
         {"params": list(head.layer.parameters()), "scale": 1.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
 
-    def loss_step():
+    def initialise() -> dict:
+        initial = evaluate_head(head, target, held_out, max_chunks=4)
+        return {
+            "initial": initial,
+            "ridge_r2": ridge_init(head, target, train, config.ridge_rows, config.ridge, generator),
+        }
+
+    def step(fraction: float):
         index = torch.randint(len(train), (config.batch_size,), generator=generator)
         inputs, next_tokens, targets = _head_inputs(train, index)
         with torch.no_grad():
@@ -213,31 +208,35 @@ def train_feature_head(
         g = _run_head(head, target, inputs, next_tokens)
         log_q = head.logits(target, g, full=False).log_softmax(-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-        regression = F.smooth_l1_loss(_rms(g.float()), _rms(targets))
-        return (
-            kl + config.feature_weight * regression,
-            next_tokens.numel(),
-            {"kl": f"{float(kl.detach()):.3f}"},
-        )
+        regression = F.smooth_l1_loss(rms(g.float()), rms(targets))
+        return kl + config.feature_weight * regression, {
+            "tokens": next_tokens.numel(),
+            "kl": f"{float(kl.detach()):.3f}",
+        }
 
-    record = run_budget(
+    def evaluate() -> dict:
+        return {"heldout_summin": f"{evaluate_head(head, target, held_out, max_chunks=2)['sum_min']:.3f}"}
+
+    record = run_budgeted(
         head,
-        optimizer,
-        loss_step,
+        groups,
         out_dir,
         config,
         generator,
-        initialise=lambda: ridge_init(head, target, train, config.ridge_rows, config.ridge, generator),
-        evaluate=lambda: evaluate_head(head, target, held_out, max_chunks=4),
+        step=step,
+        initialise=initialise,
+        evaluate=evaluate,
         desc="train feature head",
         progress=progress,
     )
     fields = {
+        "ridge_r2": record["ridge_r2"],
+        "held_out_initial": record["initial"],
         "held_out": evaluate_head(head, target, held_out),
         "draft_vocab": vocab_info,
         **(card_extra or {}),
     }
-    return save_card(out_dir, head, target, "feature", config, record, fields)
+    return finish_checkpoint(head, target, out_dir, "feature", config, record, fields)
 
 
 def _float32_target(target):
@@ -277,15 +276,17 @@ def train_drafter(
     ``minutes`` (resuming an interrupted run), save it; returns the checkpoint directory.
 
     The default directory is ``$XDG_CACHE_HOME/specbound/drafters/<kind>-<target hash>-<recipe hash>/``.
-    ``kind`` is ``"feature"``, ``"kangaroo:K"`` or ``"exit:K1,K2,..."`` (:mod:`executor.training.exit_heads`;
-    several exit layers train in one job and the path of the first layer's checkpoint is returned, the others
-    sit next to it under their own ``exit:K`` keys; with ``out``, in ``out/exit-K``).
+    ``kind`` is ``"feature"``, ``"falcon"`` (:mod:`executor.training.falcon`), ``"kangaroo:K"`` or
+    ``"exit:K1,K2,..."`` (:mod:`executor.training.exit_heads`; several exit layers train in one job and the path
+    of the first layer's checkpoint is returned, the others sit next to it under their own ``exit:K`` keys; with
+    ``out``, in ``out/exit-K``).
     """
     from executor.training.checkpoint import default_checkpoint_dir
     from executor.training.corpus import load_corpus
     from executor.training.features import load_features, prepare_features
 
-    if kind != "feature":
+    layer_kind = kind not in TRAINED_KINDS
+    if layer_kind:
         from executor.training.exit_heads import ExitTrainConfig, parse_kind
 
         parse_kind(kind, target.config.n_layers)  # 'exit:K[,K...]' or 'kangaroo:K', else ValueError
@@ -293,9 +294,14 @@ def train_drafter(
             config = ExitTrainConfig(minutes=minutes)
         elif not isinstance(config, ExitTrainConfig):
             config = ExitTrainConfig(**asdict(config))
+    from executor.training.selfdistill import merge_features, parse_self_corpus, self_distilled_features
+
     config = TrainConfig(minutes=minutes) if config is None else config
     target = _float32_target(target)
-    corpus = load_corpus(corpus)
+    self_tokens = parse_self_corpus(corpus)  # "self:N": N generated tokens, then the standard library
+    if self_tokens and layer_kind:
+        raise ValueError(f"corpus 'self:N' trains feature and falcon heads only, not {kind!r}")
+    corpus = load_corpus(None if self_tokens else corpus)
     directory = prepare_features(
         target,
         tokenizer,
@@ -311,9 +317,16 @@ def train_drafter(
         "train_tokens": train_tokens,
         "chunk_length": chunk_length,
     }
+    train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
+    self_info = None
+    if self_tokens:
+        generated, self_info = self_distilled_features(
+            target, tokenizer, self_tokens, chunk_length=chunk_length, progress=progress
+        )
+        train = merge_features(generated, train)
+        recipe["self_distill"] = {k: self_info[k] for k in ("self_distill_tokens", "oversample")}
     given_out = out
     out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
-    train, held_out = load_features(directory, "train"), load_features(directory, "held_out")
     corpus_info = {
         "name": corpus.name,
         "fingerprint": corpus.fingerprint(),
@@ -321,6 +334,8 @@ def train_drafter(
         "held_out_tokens": int(held_out.tokens.numel()),
         "split_rule": "held out iff int.from_bytes(sha256(relative path)[:8], 'big') % 20 == 0",
     }
+    if self_info:
+        corpus_info["self_distill"] = self_info
     card_extra = {"corpus": corpus_info}
     backend = getattr(tokenizer, "backend", None)
     if backend is not None:  # the token strings, so a re-tokenised vocabulary is told apart
@@ -328,12 +343,16 @@ def train_drafter(
 
         vocabulary = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
         card_extra["vocab_hash"] = hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest()
-    if kind != "feature":
+    if layer_kind:
         from executor.training.exit_heads import train_layer_kind
 
         features = {"train": train, "held_out": held_out}
         return train_layer_kind(
             target, kind, directory, given_out, recipe, config, card_extra, features, progress
         )
-    train_feature_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
+    if kind == "falcon":
+        from executor.training.falcon import train_falcon_head as train_head
+    else:
+        train_head = train_feature_head
+    train_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
     return out

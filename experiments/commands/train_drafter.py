@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "train a drafter (feature, exit:K, kangaroo:K) on the standard library or --corpus, in --minutes; resumable"
+HELP = (
+    "train a drafter (feature, falcon, exit:K, kangaroo:K) on the standard library or --corpus, in --minutes"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kind",
         default="feature",
-        help="feature, exit:K[,K...] (one exit head per layer, trained in one job) or kangaroo:K",
+        help="feature, falcon, exit:K[,K...] (one exit head per layer, trained in one job) or kangaroo:K",
     )
     parser.add_argument("--minutes", type=float, default=6.0, help="optimisation budget (default 6)")
     parser.add_argument(
-        "--corpus", default=None, help="a directory of text/code files or a .jsonl of texts (default: stdlib)"
+        "--corpus",
+        default=None,
+        help="a directory of text/code files, a .jsonl of texts, or self:N (N tokens the target generates at "
+        "T = 1 from stdlib-code and prose starts, then the stdlib; cached, resumable) (default: stdlib)",
     )
     parser.add_argument(
         "--dtype",
@@ -51,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
     if args.train_tokens < 1024:
         raise ValueError(f"--train-tokens must be at least 1024, got {args.train_tokens}")
+    from executor.training.selfdistill import parse_self_corpus
+
+    parse_self_corpus(args.corpus)  # a bad self:N fails before the model loads
     set_torch_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu", dtype=getattr(torch, args.dtype))
     try:
@@ -78,4 +86,10 @@ def run(args: argparse.Namespace) -> int:
             f"sum-min(p, q) {held['sum_min']:.3f}, KL {held['kl']:.3f}; {card['steps']} steps, "
             f"{card['tokens']} tokens, {card['seconds']} s; draft vocabulary {card['draft_vocab']['chosen']}"
         )
+        if "held_out_token2" in card:
+            second = card["held_out_token2"]
+            print(
+                f"token 2 of each pass: top-1 {second['top1']:.3f}, sum-min(p, q) {second['sum_min']:.3f}, "
+                f"KL {second['kl']:.3f}"
+            )
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor.training.loop import distribution_totals, ridge_solve
+from executor.training.loop import agreement_sums, ridge_solve
 
 
 def test_ridge_solve_recovers_an_exact_affine_map_and_reports_r2_one():
@@ -20,11 +20,11 @@ def test_ridge_solve_recovers_an_exact_affine_map_and_reports_r2_one():
     assert float(ridge_solve(x, x @ weight.T + bias, 1e3)[0].abs().max()) < 0.1
 
 
-def test_distribution_totals_match_an_enumeration():
+def test_agreement_sums_match_an_enumeration():
     p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.1, 0.7]])
     q_logits = torch.tensor([[0.0, 0.0, float("-inf"), -1.0], [1.0, 0.0, float("-inf"), 2.0]])
     vocab = torch.tensor([0, 1, 3])
-    totals = distribution_totals(p, q_logits, vocab)
+    totals = agreement_sums(p, q_logits, vocab)
     q = q_logits.softmax(-1).double()
     p64 = p.double()
     assert totals["sum_min"] == pytest.approx(float(torch.minimum(p64, q).sum()), abs=1e-6)

@@ -10,3 +10,8 @@ def test_bad_options_exit_with_the_reason(capsys):
     assert "--minutes must be positive" in capsys.readouterr().err
     assert main(["train-drafter", "--train-tokens", "10"]) == 2
     assert "--train-tokens must be at least 1024" in capsys.readouterr().err
+
+
+def test_a_bad_self_distillation_corpus_exits_with_the_reason(capsys):
+    assert main(["train-drafter", "--kind", "falcon", "--corpus", "self:0"]) == 2
+    assert "positive integer number of tokens" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""The self-distillation corpus: ``self:N`` parsing, chunking, and a resumable, reproducible generation cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.training.selfdistill import (
+    PROSE_OPENERS,
+    chunk_sequences,
+    generate_continuations,
+    merge_features,
+    parse_self_corpus,
+    self_distilled_features,
+)
+
+
+class CharTokenizer:
+    """Characters to ids modulo a tiny vocabulary (enough to drive a tiny model)."""
+
+    eos_id = 0
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + ord(c) % (self.vocab - 1) for c in text]
+
+
+def test_self_corpus_names_are_parsed_and_bad_ones_refused():
+    assert parse_self_corpus("self:4096") == 4096
+    assert parse_self_corpus(None) is None and parse_self_corpus("/some/dir") is None
+    for bad in ("self:", "self:0", "self:-5", "self:1e3"):
+        with pytest.raises(ValueError, match="positive integer number of tokens"):
+            parse_self_corpus(bad)
+
+
+def test_chunks_are_consecutive_windows_of_the_sequences_joined_by_eos():
+    chunks = chunk_sequences([[1, 2, 3], [4, 5, 0], [6]], 0, 3)
+    # Joined: 1 2 3 0 | 4 5 0 | 6 0 (a sequence already ending in EOS gets no second one).
+    assert chunks == [[1, 2, 3], [0, 4, 5], [0, 6, 0]]
+    assert chunk_sequences([[1, 2]], None, 3) == []
+
+
+def test_generation_resumes_exactly_where_an_uninterrupted_run_would_be(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a"))
+    target = tiny_model(0, vocab_size=16, max_seq_len=64)
+    tokenizer = CharTokenizer(16)
+    options = {"code_prompt_tokens": 6, "prose_prompt_tokens": 4, "new_tokens": 5, "batch_size": 2}
+    first, path = generate_continuations(target, tokenizer, 12, progress=False, **options)
+    assert len(first) >= 4 and len(first) % 2 == 0  # batches of two rows, up to five new tokens each
+    resumed, _ = generate_continuations(target, tokenizer, 40, progress=False, **options)
+    assert resumed[: len(first)] == first and path.is_file()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "b"))
+    fresh, _ = generate_continuations(target, tokenizer, 40, progress=False, **options)
+    assert fresh == resumed
+    assert len(resumed) >= 8 and resumed[6][:4] == tokenizer.encode(PROSE_OPENERS[0])[:4]  # batch 3: prose
+    assert all(0 <= token < 16 for ids in resumed for token in ids)
+
+
+def test_self_distilled_features_are_merged_oversampled_before_the_base(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_model(0, vocab_size=16, max_seq_len=64)
+    from executor.training import selfdistill
+
+    monkeypatch.setattr(
+        selfdistill,
+        "generate_continuations",
+        lambda target, tokenizer, tokens, progress: ([[1, 2, 3, 4, 5, 6, 7]] * 4, tmp_path / "gen.jsonl"),
+    )
+    generated, info = self_distilled_features(target, CharTokenizer(16), 28, chunk_length=8, progress=False)
+    assert generated.tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7, 0]] * 4 and info["chunks"] == 4
+    merged = merge_features(generated, generated, repeat=3)
+    assert merged.tokens.shape[0] == 16 and torch.equal(merged.hidden[:4], generated.hidden)
