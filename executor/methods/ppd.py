@@ -45,6 +45,7 @@ __all__ = [
     "PPD",
     "PPDDecoder",
     "PromptTokens",
+    "evaluate_prompt_tokens",
     "prompt_forward",
     "train_prompt_tokens",
 ]
@@ -182,12 +183,58 @@ def _training_windows(target, tokenizer, window: int, max_tokens: int) -> list[l
     )
 
 
+def _anchor_layout(length: int, points: list[int], count: int):
+    """Slots, positions, prompt rows, mask and teacher rows of ``count`` prompt tokens after each anchor ``t``
+    of a prefilled window of ``length`` tokens: slots after the window, positions ``t + 1 + j``, attending to
+    tokens ``<= t`` and the anchor's earlier prompt tokens; prompt ``j`` is taught by the row ``t + 1 + j``."""
+    rows = len(points) * count
+    slots = list(range(length, length + rows))
+    positions, prompt_rows, wanted = [], [], []
+    mask = torch.zeros(rows, length + rows, dtype=torch.bool)
+    for a, t in enumerate(points):
+        for j in range(count):
+            row = a * count + j
+            positions.append(t + 1 + j)
+            prompt_rows.append(j)
+            wanted.append(t + 1 + j)
+            mask[row, : t + 1] = True
+            mask[row, length + a * count : length + row + 1] = True
+    return slots, positions, prompt_rows, mask, wanted
+
+
+def _window_loss(target, prompts: PromptTokens, window: list[int], points: list[int]):
+    """Mean KL(p_{t+1+j} || q_j) over the anchors ``points`` of one window, and top-1 agreement per depth."""
+    length, count = len(window), prompts.count
+    target.setup_cache(length + len(points) * count)
+    with torch.no_grad():
+        teacher = target(torch.tensor([window]), torch.arange(length))[0].log_softmax(-1)
+    slots, positions, rows, mask, wanted = _anchor_layout(length, points, count)
+    logits = prompt_forward(target, prompts, [], rows, slots, positions, mask)
+    log_p, log_q = teacher[wanted], logits.log_softmax(-1)
+    loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    agree = (logits.detach().argmax(-1) == log_p.argmax(-1)).float().reshape(len(points), count).mean(0)
+    return loss, agree
+
+
+def evaluate_prompt_tokens(target, prompts: PromptTokens, windows: list[list[int]], stride: int = 4) -> dict:
+    """Held-out ``kl`` and ``top1_by_depth`` over every ``stride``-th anchor of ``windows`` (deterministic)."""
+    kls, agrees = [], []
+    with torch.no_grad():
+        for window in windows:
+            points = list(range(0, len(window) - prompts.count - 1, stride))
+            loss, agree = _window_loss(target, prompts, window, points)
+            kls.append(float(loss))
+            agrees.append(agree)
+    return {"kl": float(np.mean(kls)), "top1_by_depth": torch.stack(agrees).mean(0).tolist()}
+
+
 def train_prompt_tokens(
     target,
     windows: list[list[int]],
     count: int,
     *,
     seconds: float,
+    held_out: list[list[int]] | None = None,
     anchors: int = 8,
     lr: float = 1e-2,
     seed: int = 0,
@@ -196,10 +243,11 @@ def train_prompt_tokens(
 ) -> tuple[PromptTokens, dict]:
     """Distil ``count`` prompt tokens for ``seconds`` (or ``max_steps``) on corpus ``windows``.
 
-    Each step: a no-grad prefill of one window gives the teacher laws; ``anchors`` random positions ``t`` get
-    the ``count`` prompt tokens (slots after the window, positions ``t + j``, mask: tokens ``<= t`` and the
-    earlier prompt tokens of the same anchor); loss = mean KL(p_{t+j} || q_j); Adam on the embeddings only.
-    Returns the prompt tokens and a card (steps, seconds, first/last loss, per-depth top-1 agreement).
+    Each step: a no-grad prefill of one window gives the teacher laws; ``anchors`` random positions get the
+    prompt tokens (:func:`_anchor_layout`); loss = mean KL(p || q_j); Adam on the embeddings only, at
+    ``lr`` times the standard deviation of the target's token embeddings. Returns
+    the prompt tokens and a card (steps, seconds, and :func:`evaluate_prompt_tokens` on ``held_out`` before
+    and after training).
     """
     from tqdm import tqdm
 
@@ -209,45 +257,28 @@ def train_prompt_tokens(
     if length < count + 3:
         raise ValueError(f"windows must hold at least {count + 3} tokens, got {length}")
     prompts = PromptTokens(target, count, seed)
-    optimizer = torch.optim.Adam(prompts.parameters(), lr=lr)
+    held_out = held_out or windows[:2]
+    initial = evaluate_prompt_tokens(target, prompts, held_out)
+    # The rate is relative to the embeddings' scale (unit-scale tiny models, ~0.05 for SmolLM2).
+    optimizer = torch.optim.Adam(
+        prompts.parameters(), lr=lr * float(target.tok_embeddings.weight.float().std())
+    )
     generator = torch.Generator().manual_seed(seed)
-    losses, agree = [], []
     start = time.perf_counter()
     steps = 0
     bar = tqdm(total=max_steps, desc="train PPD prompt tokens", unit="step", disable=not progress)
     while (max_steps is None or steps < max_steps) and time.perf_counter() - start < seconds:
         window = windows[int(torch.randint(len(windows), (1,), generator=generator))]
         points = torch.randint(0, length - count - 1, (anchors,), generator=generator).tolist()
-        target.setup_cache(length + anchors * count)
-        with torch.no_grad():
-            teacher = target(torch.tensor([window]), torch.arange(length))[0].log_softmax(-1)
-        slots = list(range(length, length + anchors * count))
-        positions, rows = [], []
-        mask = torch.zeros(anchors * count, length + anchors * count, dtype=torch.bool)
-        wanted = []
-        for a, t in enumerate(points):
-            for j in range(count):
-                row = a * count + j
-                positions.append(t + 1 + j)
-                rows.append(j)
-                mask[row, : t + 1] = True
-                mask[row, length + a * count : length + a * count + j + 1] = True
-                wanted.append(t + 1 + j)
         with torch.enable_grad():
-            logits = prompt_forward(target, prompts, [], rows, slots, positions, mask)
-            log_p = teacher[wanted]
-            log_q = logits.log_softmax(-1)
-            loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+            loss, _ = _window_loss(target, prompts, window, points)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        losses.append(float(loss.detach()))
-        agree.append((logits.detach().argmax(-1) == log_p.argmax(-1)).float().reshape(anchors, count).mean(0))
         steps += 1
         bar.update(1)
-        bar.set_postfix(kl=f"{losses[-1]:.3f}")
+        bar.set_postfix(kl=f"{float(loss.detach()):.3f}")
     bar.close()
-    tail = max(1, len(agree) // 4)
     card = {
         "kind": KIND,
         "prompt_tokens": count,
@@ -256,14 +287,23 @@ def train_prompt_tokens(
         "anchors_per_step": anchors,
         "window": length,
         "lr": lr,
-        "first_kl": losses[0] if losses else None,
-        "last_kl": float(np.mean(losses[-tail:])) if losses else None,
-        "train_top1_by_depth_last_quarter": torch.stack(agree[-tail:]).mean(0).tolist() if agree else None,
+        "held_out_initial": initial,
+        "held_out": evaluate_prompt_tokens(target, prompts, held_out),
     }
     return prompts, card
 
 
-def cached_prompt_tokens(target, tokenizer, count: int, seconds: float, *, window: int = 128, seed: int = 0):
+def cached_prompt_tokens(
+    target,
+    tokenizer,
+    count: int,
+    seconds: float,
+    *,
+    window: int = 128,
+    anchors: int = 24,
+    lr: float = 1e-1,
+    seed: int = 0,
+):
     """Train once per (target, recipe) and cache under ``$XDG_CACHE_HOME/specbound/drafters/ppd-*``."""
     from executor.training.checkpoint import (
         default_checkpoint_dir,
@@ -272,7 +312,15 @@ def cached_prompt_tokens(target, tokenizer, count: int, seconds: float, *, windo
         save_checkpoint,
     )
 
-    recipe = {"prompt_tokens": count, "seconds": seconds, "window": window, "seed": seed, "corpus": "stdlib"}
+    recipe = {
+        "prompt_tokens": count,
+        "seconds": seconds,
+        "window": window,
+        "anchors": anchors,
+        "lr": lr,
+        "seed": seed,
+        "corpus": "stdlib",
+    }
     directory = default_checkpoint_dir(KIND, model_fingerprint(target), recipe)
     prompts = PromptTokens(target, count, seed)
     if (directory / "card.json").is_file():
@@ -280,8 +328,18 @@ def cached_prompt_tokens(target, tokenizer, count: int, seconds: float, *, windo
         with torch.no_grad():
             prompts.embeddings.copy_(tensors["embeddings"])
         return prompts, {**card, "cached": True}
-    windows = _training_windows(target, tokenizer, window, max_tokens=max(64 * window, 8192))
-    prompts, card = train_prompt_tokens(target, windows, count, seconds=seconds, seed=seed, progress=True)
+    windows, held_out = _training_windows(target, tokenizer, window, max_tokens=max(64 * window, 8192))
+    prompts, card = train_prompt_tokens(
+        target,
+        windows,
+        count,
+        seconds=seconds,
+        held_out=held_out,
+        anchors=anchors,
+        lr=lr,
+        seed=seed,
+        progress=True,
+    )
     save_checkpoint(
         directory, {"embeddings": prompts.embeddings.detach()}, {**card, "target": model_fingerprint(target)}
     )
