@@ -155,9 +155,11 @@ class CodeCompletion(Method):
         stop_threshold: float = 0.95,
         head=None,
         study_tokens: int = 16,
+        study_positions: int = 4,
     ):
         super().__init__(target, tokenizer)
         self.study_tokens = as_count(study_tokens, "study_tokens")
+        self.study_positions = as_count(study_positions, "study_positions")
         n = target.config.n_layers
         if exit_layers is None:
             exit_layers = sorted({max(1, n - k) for k in (2, 4, 6)})
@@ -177,6 +179,8 @@ class CodeCompletion(Method):
             "exit_layers": self.exit_layers,
             "exit_threshold": self.exit_threshold,
             "stop_threshold": self.stop_threshold,
+            "study_tokens": self.study_tokens,
+            "study_positions": self.study_positions,
         }
 
     def build(self, temperature: float = 0.0):
@@ -214,6 +218,7 @@ class CodeCompletion(Method):
                     self.references,
                     lambda token: "\n" in decode([token]),
                     max_tokens=self.study_tokens,
+                    max_positions=self.study_positions,
                 )
         return Prediction(None, details, train_seconds=train)
 

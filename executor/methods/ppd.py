@@ -174,13 +174,14 @@ class PPDDecoder(ChainDecoder):
         )
 
 
-def _training_windows(target, tokenizer, window: int, max_tokens: int) -> list[list[int]]:
+def _training_windows(target, tokenizer, window: int, max_tokens: int):
+    """Train and held-out windows of the standard-library corpus (:mod:`executor.training.corpus`)."""
     from executor.training.corpus import load_corpus, tokenize_chunks
 
     corpus = load_corpus(None)
-    return tokenize_chunks(
-        corpus.train, tokenizer.encode, getattr(tokenizer, "eos_id", None), window, max_tokens
-    )
+    eos = getattr(tokenizer, "eos_id", None)
+    train = tokenize_chunks(corpus.train, tokenizer.encode, eos, window, max_tokens)
+    return train, tokenize_chunks(corpus.held_out, tokenizer.encode, eos, window, 4 * window)
 
 
 def _anchor_layout(length: int, points: list[int], count: int):
@@ -376,15 +377,17 @@ class PPD(Method):
         return {"prompt_tokens": self.count, "train_seconds": self.train_seconds}
 
     def ensure_trained(self) -> float:
-        """Train (or load) the prompt tokens if none were given; returns the training seconds (0 if cached)."""
-        if self.prompts is not None:
-            return 0.0
-        if self.tokenizer is None:
-            raise ValueError("ppd needs a tokenizer (to tokenize its training corpus) or trained prompts=")
-        self.prompts, self.card = cached_prompt_tokens(
-            self.target, self.tokenizer, self.count, self.train_seconds
-        )
-        return 0.0 if self.card.get("cached") else float(self.card["seconds"])
+        """Train (or load) the prompt tokens if none were given; returns the seconds their training took
+        (when it ran, or when the cached tokens were trained; 0 for prompt tokens passed in)."""
+        if self.prompts is None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "ppd needs a tokenizer (to tokenize its training corpus) or trained prompts="
+                )
+            self.prompts, self.card = cached_prompt_tokens(
+                self.target, self.tokenizer, self.count, self.train_seconds
+            )
+        return float(self.card.get("seconds", 0.0))
 
     def build(self, temperature: float = 0.0):
         self.ensure_trained()
