@@ -1,10 +1,10 @@
-"""experiments.methods_online: the online stream against the frozen control, on a tiny model."""
+"""experiments.online_curve: the online stream against the frozen control, on a tiny model."""
 
 from __future__ import annotations
 
 import random
 
-from experiments.methods_online import online_curve, render_curve
+from experiments.online_curve import online_curve, render_curve
 from tests.tiny_models import build_tiny_model
 
 

@@ -1,6 +1,6 @@
 """Online speculative decoding's acceptance curve: acceptance against prompts served, learning against frozen.
 
-``python -m experiments.methods_online --prompts 12 --max-new-tokens 32 --out DIR`` serves HumanEval
+``python -m experiments.online_curve --prompts 12 --max-new-tokens 32 --out DIR`` serves HumanEval
 prompts in order to three decoders, interleaved prompt by prompt so machine load hits them alike: plain
 decoding, the feature drafter frozen (the control), and the same drafter distilled online after every prompt
 (:class:`executor.methods.OnlineSpeculative`). Per prompt it records the drafted tokens accepted, tokens per
