@@ -94,6 +94,11 @@ def _note(row: dict) -> str:
     text = f"does not pay on this CPU ({row['speedup_vs_ar']:.2f}x)"
     if projected == projected:
         text += f"; {projected:.2f}x where passes cost their weight loads (batch-1 GPU)"
+    cost = row["prediction"].get("step_cost_vs_one_token")
+    if cost:
+        text += (
+            f"; its {row['prediction']['step_width']}-position pass costs {cost:.2f} one-token passes here"
+        )
     devices = row["prediction"].get("predicted_by_devices")
     if devices:
         best = max(devices, key=lambda d: devices[d]["speedup"])

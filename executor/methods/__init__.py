@@ -17,6 +17,8 @@ name                paper                                                lossles
 ``kangaroo-fixed``  Kangaroo with the paper's fixed eta = 0.6             yes
 ``specdecpp``       SpecDec++ adaptive candidate length (2405.19715)      yes
 ``code-completion`` dynamic inference for code completion (Sun et al.)   no
+``online``          online speculative decoding, OSD (arXiv 2310.07177)  yes
+``ppd``             parallel prompt decoding, PPD (arXiv 2405.18628)     yes
 =================== ==================================================== =========
 
 The drafters are the untrained early exit of the target for now; each method takes a ``drafter`` (or head)
@@ -31,6 +33,8 @@ from executor.methods.del_exit import DEL
 from executor.methods.dyspec import DySpec, DySpecDecoder, Sequoia
 from executor.methods.easyspec import EasySpec
 from executor.methods.kangaroo import Kangaroo, KangarooFixed
+from executor.methods.online import OnlineSpeculative
+from executor.methods.ppd import PPD
 from executor.methods.specdecpp import SpecDecPP
 from executor.methods.staged import Staged
 
@@ -44,6 +48,8 @@ __all__ = [
     "DySpec",
     "Kangaroo",
     "KangarooFixed",
+    "OnlineSpeculative",
+    "PPD",
     "SpecDecPP",
     "Staged",
     "DySpecDecoder",
@@ -78,5 +84,17 @@ def get(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-for _cls in (DySpec, Sequoia, Staged, EasySpec, DEL, Kangaroo, KangarooFixed, SpecDecPP, CodeCompletion):
+for _cls in (
+    DySpec,
+    Sequoia,
+    Staged,
+    EasySpec,
+    DEL,
+    Kangaroo,
+    KangarooFixed,
+    SpecDecPP,
+    CodeCompletion,
+    OnlineSpeculative,
+    PPD,
+):
     register(_cls)

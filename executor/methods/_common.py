@@ -7,7 +7,7 @@ import numpy as np
 from executor.methods.calibration import ExitProfile, continuation, exit_profile
 from theory.checks import as_count
 
-__all__ = ["calibration_profile", "check_exit_layer", "default_exit_layer"]
+__all__ = ["calibration_profile", "check_exit_layer", "conditional_acceptance", "default_exit_layer"]
 
 
 def default_exit_layer(target) -> int:
@@ -41,3 +41,16 @@ def calibration_profile(
     if not profiles:
         raise ValueError("calibration_prompts produced no continuation to measure")
     return ExitProfile.concatenate(profiles), profiles
+
+
+def conditional_acceptance(results, gamma: int) -> list[float]:
+    """Per-depth conditional acceptance ``P(depth j accepted | depth j - 1 reached)`` pooled over method
+    results of chains that always draft ``gamma`` tokens when they draft (drafting steps counted from the
+    verified positions: ``(verified - steps) / gamma``)."""
+    reached = np.zeros(gamma + 1)
+    for result in results:
+        drafting = (result.extra["verified_positions"] - result.steps) / gamma
+        reached[0] += drafting
+        for depth, fraction in enumerate(result.acceptance_by_position[:gamma]):
+            reached[depth + 1] += fraction * drafting
+    return [float(reached[j + 1] / reached[j]) if reached[j] else 0.0 for j in range(gamma)]

@@ -41,6 +41,7 @@ __all__ = [
     "cached_checkpoints",
     "choose_vocab",
     "evaluate_head",
+    "feature_loss",
     "ridge_init",
     "train_drafter",
     "train_feature_head",
@@ -98,6 +99,22 @@ def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
     slots = torch.arange(length)
     mask = slots <= slots[:, None]
     return head(target, inputs, next_tokens, slots, slots + 1, mask)
+
+
+def feature_loss(head: FeatureHead, target, inputs, next_tokens, targets, feature_weight: float):
+    """The training objective on aligned windows: ``(loss, kl)`` (see the module docstring).
+
+    ``inputs`` = the target's pre-norm features ``h_t`` ``(B, T, d)``, ``next_tokens`` = ``x_{t+1}`` ``(B, T)``
+    and ``targets`` = ``h_{t+1}`` ``(B, T, d)``, whose distribution ``p`` is recomputed through the frozen head.
+    Shared by offline training and online distillation (:mod:`executor.methods.online`).
+    """
+    with torch.no_grad():
+        log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
+    g = _run_head(head, target, inputs, next_tokens)
+    log_q = head.logits(target, g, full=False).log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    regression = F.smooth_l1_loss(rms(g.float()), rms(targets.float()))
+    return kl + feature_weight * regression, kl
 
 
 def choose_vocab(target, train: FeatureSet, mode: str) -> tuple[torch.Tensor | None, dict]:
@@ -203,16 +220,8 @@ def train_feature_head(
     def step(fraction: float):
         index = torch.randint(len(train), (config.batch_size,), generator=generator)
         inputs, next_tokens, targets = _head_inputs(train, index)
-        with torch.no_grad():
-            log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
-        g = _run_head(head, target, inputs, next_tokens)
-        log_q = head.logits(target, g, full=False).log_softmax(-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-        regression = F.smooth_l1_loss(rms(g.float()), rms(targets))
-        return kl + config.feature_weight * regression, {
-            "tokens": next_tokens.numel(),
-            "kl": f"{float(kl.detach()):.3f}",
-        }
+        loss, kl = feature_loss(head, target, inputs, next_tokens, targets, config.feature_weight)
+        return loss, {"tokens": next_tokens.numel(), "kl": f"{float(kl.detach()):.3f}"}
 
     def evaluate() -> dict:
         return {"heldout_summin": f"{evaluate_head(head, target, held_out, max_chunks=2)['sum_min']:.3f}"}

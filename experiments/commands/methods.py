@@ -22,6 +22,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="METHOD.OPTION=VALUE",
+        help="a method option (JSON value, else a string), e.g. ppd.train_seconds=60; repeatable",
+    )
 
 
 def parse_methods(only: str | None) -> tuple[str, ...]:
@@ -55,8 +62,30 @@ def config_from_args(args):
         dtype=args.dtype,
         quantize=args.quantize,
         seed=args.seed,
+        options=parse_options(getattr(args, "set", [])),
         **sizes,
     )
+
+
+def parse_options(settings: list[str]) -> dict:
+    """``["ppd.train_seconds=60", ...]`` -> ``{"ppd": {"train_seconds": 60}}`` (values parsed as JSON)."""
+    import json
+
+    import executor.methods as methods
+
+    options: dict = {}
+    for setting in settings:
+        key, equals, value = setting.partition("=")
+        name, dot, option = key.partition(".")
+        if not (equals and dot and option.isidentifier()):
+            raise ValueError(f"--set needs METHOD.OPTION=VALUE, got {setting!r}")
+        methods.get(name)  # ValueError naming the known methods
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        options.setdefault(name, {})[option] = parsed
+    return options
 
 
 def run(args) -> int:

@@ -13,6 +13,7 @@ from executor.decoders import AutoregressiveDecoder, Sampling
 from executor.decoders import chain as chain_module
 from executor.decoders import tree as tree_module
 from executor.methods.base import LayerCounter
+from executor.methods.ppd import PromptTokens
 from tests.executor.test_decoders import (
     HORIZON,
     P_THRESHOLD,
@@ -36,6 +37,9 @@ TINY_OPTIONS = {
     "kangaroo-fixed": {"exit_layer": 1, "gamma": 3},
     "specdecpp": {"exit_layer": 1, "max_length": 3},
     "code-completion": {"exit_layers": [2]},
+    "online": {"gamma": 3, "steps": 2, "lr": 1e-2, "window": 16},
+    # Untrained prompt tokens: the law and greedy identity hold whatever the guesses are.
+    "ppd": lambda model: {"prompts": PromptTokens(model, 2)},
 }
 
 
@@ -48,7 +52,8 @@ def spread_model(tiny_model, seed: int = 3):
 
 
 def build(name: str, model, calibrate: float | None = None):
-    method = methods.get(name)(model, **TINY_OPTIONS[name])
+    options = TINY_OPTIONS[name]
+    method = methods.get(name)(model, **(options(model) if callable(options) else options))
     if calibrate is not None:
         method.predict([[3, 1, 4, 1, 5], [2, 7, 1, 6]], calibrate, 6)
     return method
@@ -92,6 +97,12 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("del", {"layers": [9]}, "layers"),
         ("code-completion", {"exit_layers": [0]}, "exit_layers"),
         ("code-completion", {"stop_threshold": -0.1}, "stop_threshold"),
+        ("online", {"update_every": 0}, "update_every"),
+        ("online", {"lr": 0}, "lr"),
+        ("online", {"learn": "yes"}, "learn"),
+        ("ppd", {"prompt_tokens": 0}, "prompt_tokens"),
+        ("ppd", {"train_seconds": -1}, "train_seconds"),
+        ("ppd", {"prompts": "trained"}, "prompts"),
     ],
 )
 def test_bad_method_options_raise_a_value_error_naming_the_option(tiny_model, name, options, message):
@@ -165,6 +176,7 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
     [
         ("kangaroo", chain_module, "verify_chain", _chain_letters_swapped),
         ("dyspec", tree_module, "verify_multidraft", _letters_swapped),
+        ("ppd", chain_module, "verify_chain", _chain_letters_swapped),
     ],
 )
 def test_the_law_test_catches_a_broken_verifier_inside_a_method(
@@ -187,5 +199,7 @@ def test_every_lossless_method_equals_greedy_decoding_on_smollm(smollm, name):
 
     prompt = tokenizer.encode(humaneval_prompts(3)[2])
     reference = AutoregressiveDecoder(model).generate(prompt, 10).token_ids
-    result = methods.get(name)(model, tokenizer).run(prompt, temperature=0.0, max_new_tokens=10)
+    # PPD's prompt tokens untrained here (training is minutes; greedy identity holds for any prompt tokens).
+    options = {"prompts": PromptTokens(model, 3)} if name == "ppd" else {}
+    result = methods.get(name)(model, tokenizer, **options).run(prompt, temperature=0.0, max_new_tokens=10)
     assert result.token_ids == reference

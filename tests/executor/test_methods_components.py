@@ -213,3 +213,31 @@ def test_dyspec_reserves_cache_slots_for_every_tentative_node(tiny_model, monkey
         decoder.generate(PROMPT, 6, generator=generator)
     assert max(sizes) <= decoder.max_tree_size
     assert max(sizes) > decoder.budget
+
+
+def test_wrong_token_study_groups_positions_and_a_wrong_start_never_matches(tiny_model):
+    from executor.decoders import AutoregressiveDecoder
+    from executor.methods.code_completion import wrong_token_study
+
+    model = tiny_model(3, vocab_size=8, n_layers=2, max_seq_len=64)
+    prompt = [1, 2, 3]
+    own = AutoregressiveDecoder(model).generate(prompt, 10).token_ids
+    # The model's own greedy text, every token ending a line: all positions right, each one-token line exact.
+    study = wrong_token_study(model, [prompt], [own], lambda t: True, max_positions=20)
+    assert study["wrong"]["positions"] == 0 and study["right"] == {
+        "positions": 10,
+        "exact_rate": 1.0,
+        "rouge_rate": 1.0,
+        "mean_rouge_l": 1.0,
+    }
+    # No line ends, 10-token completions: only the completion from position 0 reproduces the rest exactly.
+    study = wrong_token_study(model, [prompt], [own], lambda t: False, max_tokens=10, max_positions=20)
+    assert study["right"]["positions"] == 10 and study["right"]["exact_rate"] == pytest.approx(0.1)
+    # A reference the model disagrees with: completions from its wrong tokens never match exactly.
+    other = [0, 7, 1, 6, 2, 5, 3, 4, 0, 7]
+    study = wrong_token_study(model, [prompt], [other], lambda t: False, max_tokens=4, max_positions=1)
+    assert study["wrong"]["positions"] == 1 and study["wrong"]["exact_rate"] == 0.0
+    full = wrong_token_study(model, [prompt], [other], lambda t: False, max_tokens=4, max_positions=10)
+    assert (
+        full["wrong"]["positions"] + full["right"]["positions"] == 10 and full["wrong"]["exact_rate"] == 0.0
+    )

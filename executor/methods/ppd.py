@@ -1,0 +1,427 @@
+"""Parallel prompt decoding (PPD; Chen et al., "Hardware-Aware Parallel Prompt Decoding for Memory-Efficient
+Acceleration of LLM Inference", arXiv 2405.18628).
+
+``k`` trained *prompt tokens* -- embeddings :math:`e_1, \\dots, e_k` that are not in the vocabulary -- are
+appended after a token :math:`x_t` at RoPE positions :math:`t + 1, \\dots, t + k`; each attends to the
+context up to :math:`x_t` and to the prompt tokens before it, and the target's own output at :math:`e_j` is a
+guess of token :math:`x_{t+1+j}`. Only the embeddings learn (``k * d`` parameters), by distillation on the
+target's distributions: the loss at :math:`e_j` is :math:`\\mathrm{KL}(p_{t+j} \\,\\|\\, q_j)`, where
+:math:`p_{t+j}` is the target's next-token law at the real position :math:`t + j` (the law of
+:math:`x_{t+1+j}`), computed in the same no-grad prefill of a corpus window (the standard library of
+:mod:`executor.training.corpus`); :func:`train_prompt_tokens` is time-budgeted and cached.
+
+**Decoding.** One target pass per step scores the chain ``root, d_1 .. d_m`` (the drafts are the previous
+step's guesses) *and* ``k`` prompt tokens attached to every chain node, each at its own KV slot after the
+chain (tree attention: prefix, the node's path, its earlier prompt tokens). Verification is chain speculative
+sampling (Leviathan et al., ICML 2023) on the chain rows; the guesses for the next step are the prompt-token
+outputs of the last accepted node, whose root is the emitted token, so ``e_j`` there guesses the next step's
+``d_j``. The draft ``d_j`` is drawn from :math:`q_j` (temperature-processed like the target) and the verifier
+is given that :math:`q_j`: lossless for any guess law (it does not depend on the verification's randomness).
+
+Departures: PPD's *ensemble* prompt tokens (several embeddings averaged per position) and its hardware-aware
+dynamic sparse tree (candidates carrying a variable number of prompt tokens, planned from measured latencies)
+are reduced to one embedding per position and a chain; the step's verified width ``(m + 1)(k + 1)`` and its
+timed cost are reported, which is what the hardware-aware planner trades off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from executor.decoders import ChainDecoder
+from executor.decoders.base import DraftTree, commit_path
+from executor.logs import StepLog, record_distributions
+from executor.methods._common import conditional_acceptance
+from executor.methods.base import Method, Prediction
+from theory.checks import as_count
+
+__all__ = [
+    "PPD",
+    "PPDDecoder",
+    "PromptTokens",
+    "evaluate_prompt_tokens",
+    "prompt_forward",
+    "train_prompt_tokens",
+]
+
+KIND = "ppd"
+
+
+class PromptTokens(nn.Module):
+    """``count`` trainable embeddings of the target's width, initialised at the mean token embedding plus
+    noise of the embeddings' scale (seeded)."""
+
+    def __init__(self, target, count: int, seed: int = 0) -> None:
+        super().__init__()
+        count = as_count(count, "prompt_tokens")
+        table = target.tok_embeddings.weight.detach().float()
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn(count, table.shape[1], generator=generator) * table.std(0)
+        self.embeddings = nn.Parameter(table.mean(0) + 0.1 * noise)
+
+    @property
+    def count(self) -> int:
+        return self.embeddings.shape[0]
+
+
+def prompt_forward(target, prompts: PromptTokens, tokens, prompt_rows, slots, positions, mask):
+    """Logits ``(len(tokens) + len(prompt_rows), V)`` of one target pass over real ``tokens`` followed by the
+    prompt embeddings ``prompt_rows`` (indices into ``prompts``), writing K/V at ``slots``.
+
+    ``positions`` are the RoPE positions of all rows, ``mask`` the boolean ``(rows, S)`` attention mask.
+    """
+    weight = target.tok_embeddings.weight
+    device = weight.device
+    x = prompts.embeddings[torch.as_tensor(prompt_rows, device=device)].to(weight.dtype)[None]
+    if len(tokens):
+        real = target.tok_embeddings(torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(1, -1))
+        x = torch.cat([real, x], 1)
+    slots = torch.as_tensor(slots, device=device)
+    cos, sin = target._rope(torch.as_tensor(positions, device=device))
+    width, additive = target._additive_mask(slots, mask.to(device), x.dtype)
+    logits, _ = target.layers_and_head(x, cos, sin, slots, additive, width, target.config.n_layers)
+    return logits[0]
+
+
+def _chain_layout(committed: int, nodes: int, count: int):
+    """Slots, positions and mask of a chain of ``nodes`` (root first) with ``count`` prompt tokens per node."""
+    width = committed + nodes * (1 + count)
+    slots = list(range(committed, width))
+    positions = [committed + v for v in range(nodes)]
+    mask = torch.zeros(nodes * (1 + count), width, dtype=torch.bool)
+    mask[:, :committed] = True
+    for v in range(nodes):
+        mask[v, committed : committed + v + 1] = True
+        for j in range(count):
+            row = nodes + v * count + j
+            positions.append(committed + v + 1 + j)
+            mask[row, committed : committed + v + 1] = True
+            first = committed + nodes + v * count
+            mask[row, first : first + j + 1] = True
+    return slots, positions, mask
+
+
+class PPDDecoder(ChainDecoder):
+    """Chain speculative sampling whose drafts are the target's own prompt-token guesses from the last step."""
+
+    name = "ppd"
+
+    def __init__(self, target, prompts: PromptTokens, *, sampling=None, log_distributions="none"):
+        super().__init__(
+            target, None, gamma=prompts.count, sampling=sampling, log_distributions=log_distributions
+        )
+        self.prompts = prompts
+        self.guesses: torch.Tensor | None = None
+        self.verified_widths: list[int] = []
+
+    @property
+    def max_tree_size(self) -> int:
+        return (self.gamma + 1) * (self.prompts.count + 1)
+
+    def generate(self, prompt_ids, max_new_tokens, *, generator=None, eos_id=None):
+        self.guesses = None
+        return super().generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+
+    def draft(self, state, generator) -> DraftTree:
+        tree = DraftTree(state.tokens[-1])
+        node = 0
+        if self.guesses is not None:
+            for logits in self.guesses[: self.gamma]:
+                q = self.sampling.probs(logits)
+                tree.draft_probs[node] = q
+                node = tree.add_child(node, self.sampling.draw(q, generator))
+        return tree
+
+    def step(self, state, generator) -> StepLog:
+        committed = state.committed
+        tree = self.draft(state, generator)
+        n, k = len(tree), self.prompts.count
+        slots, positions, mask = _chain_layout(committed, n, k)
+        rows = [j for _ in range(n) for j in range(k)]
+        logits = prompt_forward(self.target, self.prompts, tree.tokens, rows, slots, positions, mask)
+        self.verified_widths.append(len(slots))
+        target_probs = self.sampling.probs(logits[:n])
+        outcome = self.verify(tree, target_probs, generator)
+        commit_path(self.target, committed, outcome.path)
+        last = outcome.path[-1]
+        self.guesses = logits[n + last * k : n + (last + 1) * k]
+        accepted = outcome.path[1:]
+        emitted = [tree.tokens[v] for v in accepted] + [outcome.token]
+        state.tokens.extend(emitted)
+        expanded = tree.expanded
+        distributions = None
+        if expanded:
+            distributions = record_distributions(
+                target_probs[expanded],
+                torch.stack([tree.draft_probs[v] for v in expanded]),
+                self.log_distributions,
+            )
+        return StepLog(
+            tokens=list(tree.tokens),
+            parents=list(tree.parents),
+            accepted_path=list(outcome.path),
+            emitted=emitted,
+            expanded=expanded,
+            accepted=[len(accepted) > d for d in range(max(tree.depths))],
+            distributions=distributions,
+            deterministic_drafts=False,
+        )
+
+
+def _training_windows(target, tokenizer, window: int, max_tokens: int):
+    """Train and held-out windows of the standard-library corpus (:mod:`executor.training.corpus`)."""
+    from executor.training.corpus import load_corpus, tokenize_chunks
+
+    corpus = load_corpus(None)
+    eos = getattr(tokenizer, "eos_id", None)
+    train = tokenize_chunks(corpus.train, tokenizer.encode, eos, window, max_tokens)
+    return train, tokenize_chunks(corpus.held_out, tokenizer.encode, eos, window, 4 * window)
+
+
+def _anchor_layout(length: int, points: list[int], count: int):
+    """Slots, positions, prompt rows, mask and teacher rows of ``count`` prompt tokens after each anchor ``t``
+    of a prefilled window of ``length`` tokens: slots after the window, positions ``t + 1 + j``, attending to
+    tokens ``<= t`` and the anchor's earlier prompt tokens; prompt ``j`` is taught by the row ``t + 1 + j``."""
+    rows = len(points) * count
+    slots = list(range(length, length + rows))
+    positions, prompt_rows, wanted = [], [], []
+    mask = torch.zeros(rows, length + rows, dtype=torch.bool)
+    for a, t in enumerate(points):
+        for j in range(count):
+            row = a * count + j
+            positions.append(t + 1 + j)
+            prompt_rows.append(j)
+            wanted.append(t + 1 + j)
+            mask[row, : t + 1] = True
+            mask[row, length + a * count : length + row + 1] = True
+    return slots, positions, prompt_rows, mask, wanted
+
+
+def _window_loss(target, prompts: PromptTokens, window: list[int], points: list[int]):
+    """Mean KL(p_{t+1+j} || q_j) over the anchors ``points`` of one window, and top-1 agreement per depth."""
+    length, count = len(window), prompts.count
+    target.setup_cache(length + len(points) * count)
+    with torch.no_grad():
+        teacher = target(torch.tensor([window]), torch.arange(length))[0].log_softmax(-1)
+    slots, positions, rows, mask, wanted = _anchor_layout(length, points, count)
+    logits = prompt_forward(target, prompts, [], rows, slots, positions, mask)
+    log_p, log_q = teacher[wanted], logits.log_softmax(-1)
+    loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    agree = (logits.detach().argmax(-1) == log_p.argmax(-1)).float().reshape(len(points), count).mean(0)
+    return loss, agree
+
+
+def evaluate_prompt_tokens(target, prompts: PromptTokens, windows: list[list[int]], stride: int = 4) -> dict:
+    """Held-out ``kl`` and ``top1_by_depth`` over every ``stride``-th anchor of ``windows`` (deterministic)."""
+    kls, agrees = [], []
+    with torch.no_grad():
+        for window in windows:
+            points = list(range(0, len(window) - prompts.count - 1, stride))
+            loss, agree = _window_loss(target, prompts, window, points)
+            kls.append(float(loss))
+            agrees.append(agree)
+    return {"kl": float(np.mean(kls)), "top1_by_depth": torch.stack(agrees).mean(0).tolist()}
+
+
+def train_prompt_tokens(
+    target,
+    windows: list[list[int]],
+    count: int,
+    *,
+    seconds: float,
+    held_out: list[list[int]] | None = None,
+    anchors: int = 8,
+    lr: float = 1e-2,
+    seed: int = 0,
+    max_steps: int | None = None,
+    progress: bool = False,
+) -> tuple[PromptTokens, dict]:
+    """Distil ``count`` prompt tokens for ``seconds`` (or ``max_steps``) on corpus ``windows``.
+
+    Each step: a no-grad prefill of one window gives the teacher laws; ``anchors`` random positions get the
+    prompt tokens (:func:`_anchor_layout`); loss = mean KL(p || q_j); Adam on the embeddings only, at
+    ``lr`` times the standard deviation of the target's token embeddings. Returns
+    the prompt tokens and a card (steps, seconds, and :func:`evaluate_prompt_tokens` on ``held_out`` before
+    and after training).
+    """
+    from tqdm import tqdm
+
+    if not windows:
+        raise ValueError("windows is empty: give at least one training window")
+    length = len(windows[0])
+    if length < count + 3:
+        raise ValueError(f"windows must hold at least {count + 3} tokens, got {length}")
+    prompts = PromptTokens(target, count, seed)
+    held_out = held_out or windows[:2]
+    initial = evaluate_prompt_tokens(target, prompts, held_out)
+    # The rate is relative to the embeddings' scale (unit-scale tiny models, ~0.05 for SmolLM2).
+    optimizer = torch.optim.Adam(
+        prompts.parameters(), lr=lr * float(target.tok_embeddings.weight.float().std())
+    )
+    generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    steps = 0
+    bar = tqdm(total=max_steps, desc="train PPD prompt tokens", unit="step", disable=not progress)
+    while (max_steps is None or steps < max_steps) and time.perf_counter() - start < seconds:
+        window = windows[int(torch.randint(len(windows), (1,), generator=generator))]
+        points = torch.randint(0, length - count - 1, (anchors,), generator=generator).tolist()
+        with torch.enable_grad():
+            loss, _ = _window_loss(target, prompts, window, points)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        steps += 1
+        bar.update(1)
+        bar.set_postfix(kl=f"{float(loss.detach()):.3f}")
+    bar.close()
+    card = {
+        "kind": KIND,
+        "prompt_tokens": count,
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 1),
+        "anchors_per_step": anchors,
+        "window": length,
+        "lr": lr,
+        "held_out_initial": initial,
+        "held_out": evaluate_prompt_tokens(target, prompts, held_out),
+    }
+    return prompts, card
+
+
+def cached_prompt_tokens(
+    target,
+    tokenizer,
+    count: int,
+    seconds: float,
+    *,
+    window: int = 128,
+    anchors: int = 24,
+    lr: float = 1e-1,
+    seed: int = 0,
+):
+    """Train once per (target, recipe) and cache under ``$XDG_CACHE_HOME/specbound/drafters/ppd-*``."""
+    from executor.training.checkpoint import (
+        default_checkpoint_dir,
+        load_checkpoint,
+        model_fingerprint,
+        save_checkpoint,
+    )
+
+    recipe = {
+        "prompt_tokens": count,
+        "seconds": seconds,
+        "window": window,
+        "anchors": anchors,
+        "lr": lr,
+        "seed": seed,
+        "corpus": "stdlib",
+    }
+    directory = default_checkpoint_dir(KIND, model_fingerprint(target), recipe)
+    prompts = PromptTokens(target, count, seed)
+    if (directory / "card.json").is_file():
+        tensors, card = load_checkpoint(directory, target=target, kind=KIND)
+        with torch.no_grad():
+            prompts.embeddings.copy_(tensors["embeddings"])
+        return prompts, {**card, "cached": True}
+    windows, held_out = _training_windows(target, tokenizer, window, max_tokens=max(64 * window, 8192))
+    prompts, card = train_prompt_tokens(
+        target,
+        windows,
+        count,
+        seconds=seconds,
+        held_out=held_out,
+        anchors=anchors,
+        lr=lr,
+        seed=seed,
+        progress=True,
+    )
+    save_checkpoint(
+        directory, {"embeddings": prompts.embeddings.detach()}, {**card, "target": model_fingerprint(target)}
+    )
+    return prompts, {**json.loads((directory / "card.json").read_text()), "cached": False}
+
+
+class PPD(Method):
+    """PPD with ``prompt_tokens`` (3) trained for ``train_seconds`` (240, cached); ``prompts`` passes trained
+    :class:`PromptTokens` directly (tests)."""
+
+    name = "ppd"
+    paper = "Parallel prompt decoding (PPD), Chen et al., arXiv 2405.18628"
+
+    def __init__(
+        self, target, tokenizer=None, *, prompt_tokens: int = 3, train_seconds: float = 240.0, prompts=None
+    ):
+        super().__init__(target, tokenizer)
+        self.count = as_count(prompt_tokens, "prompt_tokens")
+        if (
+            isinstance(train_seconds, bool)
+            or not isinstance(train_seconds, (int, float))
+            or not train_seconds > 0
+        ):
+            raise ValueError(f"train_seconds must be a positive number, got {train_seconds!r}")
+        self.train_seconds = float(train_seconds)
+        if prompts is not None:
+            if not isinstance(prompts, PromptTokens):
+                raise ValueError(f"prompts must be PromptTokens, got {type(prompts).__name__}")
+            self.count = prompts.count
+        self.prompts = prompts
+        self.card: dict = {}
+
+    def options(self) -> dict:
+        return {"prompt_tokens": self.count, "train_seconds": self.train_seconds}
+
+    def ensure_trained(self) -> float:
+        """Train (or load) the prompt tokens if none were given; returns the seconds their training took
+        (when it ran, or when the cached tokens were trained; 0 for prompt tokens passed in)."""
+        if self.prompts is None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "ppd needs a tokenizer (to tokenize its training corpus) or trained prompts="
+                )
+            self.prompts, self.card = cached_prompt_tokens(
+                self.target, self.tokenizer, self.count, self.train_seconds
+            )
+        return float(self.card.get("seconds", 0.0))
+
+    def build(self, temperature: float = 0.0):
+        self.ensure_trained()
+        return PPDDecoder(self.target, self.prompts, sampling=self.sampling(temperature))
+
+    def extra(self, decoder) -> dict:
+        widths = decoder.verified_widths
+        return {"mean_verified_width": float(np.mean(widths)) if widths else 0.0}
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        """Per-depth acceptance of the guesses on the calibration prompts -> :func:`theory.expected_tokens`;
+        the measured cost of a step of width ``(k + 1)^2`` against a one-token pass gives the speedup."""
+        import theory
+        from executor.methods.calibration import forward_time_ratio
+
+        train = self.ensure_trained()
+        runs = [
+            self.run(
+                prompt,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                generator=torch.Generator().manual_seed(1000 + index),
+            )
+            for index, prompt in enumerate(calibration_prompts)
+        ]
+        alphas = conditional_acceptance(runs, self.count)
+        tau = float(theory.expected_tokens(alphas, self.count, per_position=True))
+        width = (self.count + 1) ** 2
+        cost = forward_time_ratio(self.target, None, tokens=width)
+        details = {
+            "acceptance_vector": alphas,
+            "step_width": width,
+            "step_cost_vs_one_token": cost,
+            "predicted_speedup": tau / cost if cost else math.nan,
+            "training": self.card,
+        }
+        return Prediction(tau, details, train_seconds=train)
