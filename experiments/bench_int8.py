@@ -155,26 +155,34 @@ def measure_decoding(models: dict, tokenizer, prompts: int, max_new_tokens: int)
     from executor.decoders import AutoregressiveDecoder, ChainDecoder
     from executor.drafters import PromptLookupDrafter, parse_drafter
     from executor.drafters.parse import feature_checkpoint
-    from experiments.bench import _our_runner, run_bench
+    from experiments.bench import run_bench
+    from experiments.bench_rows import our_runner
     from experiments.prompts import humaneval_prompts
 
     runners = {}
     checkpoint = None
     for name, model in models.items():
-        runners[f"ar@{name}"] = _our_runner(AutoregressiveDecoder(model))
-        runners[f"chain-ngram@{name}"] = _our_runner(ChainDecoder(model, PromptLookupDrafter(), gamma=2))
+        runners[f"ar@{name}"] = our_runner(AutoregressiveDecoder(model))
+        runners[f"chain-ngram@{name}"] = our_runner(ChainDecoder(model, PromptLookupDrafter(), gamma=2))
         found = feature_checkpoint(model, train_if_missing=False)
         if found is not None:
             checkpoint = str(found)
             drafter = parse_drafter(f"feature:{found}", model)
-            runners[f"chain-feature@{name}"] = _our_runner(ChainDecoder(model, drafter, gamma=3))
+            runners[f"chain-feature@{name}"] = our_runner(ChainDecoder(model, drafter, gamma=3))
     prompt_ids = [tokenizer.encode(text) for text in humaneval_prompts(prompts)]
-    totals = run_bench(
+    rounds = run_bench(
         runners,
         prompt_ids,
         max_new_tokens,
         progress=lambda items: tqdm(items, desc="decoding", unit="prompt"),
     )
+    totals = {
+        runner: {
+            "tokens": sum(done[runner].tokens for done in rounds),
+            "seconds": sum(done[runner].seconds for done in rounds),
+        }
+        for runner in runners
+    }
     rows = []
     for runner, total in totals.items():
         decoder, _, name = runner.partition("@")

@@ -39,11 +39,16 @@ class DraftVocabulary(nn.Module):
 
         On a quantised target (:mod:`executor.quantize`) the full vocabulary goes through the target's int8 LM
         head (:meth:`executor.model.Transformer.lm_head`; measured faster than the float rows in
-        ``docs/benchmarks/int8.md``); otherwise, and for a reduced vocabulary, through the float rows.
+        ``docs/benchmarks/int8.md``); otherwise, for a reduced vocabulary, and when gradients flow (training, online
+        distillation: the int8 kernel has no derivative), through the float rows.
         """
         weight = lm_head_weight(target)
         reduced = self.reduced
-        if not reduced and getattr(target, "quantized_head", None) is not None:
+        if (
+            not reduced
+            and getattr(target, "quantized_head", None) is not None
+            and not torch.is_grad_enabled()
+        ):
             return target.lm_head(target.norm(features.to(weight.dtype))).float()
         if reduced:
             weight = weight[self.vocab] if not hasattr(self, "_weight_cache") else self._weight_cache

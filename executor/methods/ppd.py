@@ -252,6 +252,12 @@ def train_prompt_tokens(
     """
     from tqdm import tqdm
 
+    if getattr(target, "quantization", None) is not None:
+        raise ValueError(
+            f"target is quantised ({target.quantization}): PPD trains its prompt tokens by backpropagating through "
+            "the target, and the int8 kernel has no derivative; train them on the float target (same cache key: "
+            "the int8 model then reuses them)"
+        )
     if not windows:
         raise ValueError("windows is empty: give at least one training window")
     length = len(windows[0])

@@ -232,6 +232,7 @@ def train_exit_heads(
         state_dir,
         config,
         generator,
+        step=step,
         initialise=initialise,
         evaluate=evaluate,
         desc=f"train {kind}",

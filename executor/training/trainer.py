@@ -295,6 +295,11 @@ def train_drafter(
     from executor.training.features import load_features, prepare_features
 
     layer_kind = kind not in TRAINED_KINDS
+    if layer_kind and not kind.startswith(("exit:", "kangaroo:")):
+        raise ValueError(
+            f"kind must be one of {', '.join(TRAINED_KINDS)}, exit:K[,K...] or kangaroo:K (the trained drafter "
+            f"kinds), got {kind!r}"
+        )
     if layer_kind:
         from executor.training.exit_heads import ExitTrainConfig, parse_kind
 

@@ -11,7 +11,7 @@ import torch
 from executor.drafters.exit_head import ExitDrafter, KangarooDrafter
 from executor.training.exit_heads import ExitTrainConfig, evaluate_exit_head, parse_kind, train_layer_kind
 from executor.training.features import build_features, load_features, target_logits
-from executor.training.layer_features import load_layer_features
+from executor.training.layer_features import add_layer_features, load_layer_features
 from tests.executor.test_training_trainer import VOCAB, markov_chunks
 
 
@@ -70,6 +70,7 @@ def test_evaluation_matches_a_direct_computation(setup):
     from executor.training.exit_heads import LayerData
 
     target, directory = setup
+    add_layer_features(target, directory, [2], progress=False)  # no other test's run order relied on
     features = load_features(directory, "held_out")
     data = LayerData(features, {2: load_layer_features(directory, "held_out", 2)})
     head = ExitHead(target.config, 2)

@@ -104,9 +104,14 @@ def test_every_method_runs_on_an_int8_target_and_stays_greedy(tiny_checkpoint, t
     out = tmp_path / "int8"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
     arguments += ["--prompts", "1", "--max-new-tokens", "8", "--quantize", "int8"]
-    assert main(arguments) == 0
+    # PPD trains its prompt tokens through the target, which int8 cannot differentiate: refused by name.
+    trained_through_target = {"ppd"}
+    assert main([*arguments, "--only", "ppd", "--out", str(tmp_path / "ppd")]) != 0
+    assert "int8 kernel has no derivative" in capsys.readouterr().err
+    others = [name for name in methods.names() if name not in trained_through_target]
+    assert main([*arguments, "--only", ",".join(others)]) == 0
     report = json.loads((out / "methods.json").read_text())
     assert json.loads((out / "config.json").read_text())["config"]["quantize"] == "int8"
     greedy = [row for row in report["rows"] if row["lossless"] and row["temperature"] == 0]
-    assert len(greedy) == len(methods.names()) - 1  # code-completion is not lossless
+    assert len(greedy) == len(others) - 1  # code-completion is not lossless
     assert all(row["greedy_identical"] is True for row in greedy)
