@@ -187,23 +187,23 @@ def test_chain_decoding_on_the_int8_model_reproduces_the_int8_models_exact_law(t
 
 
 def int8_greedy_deviations(model, prompt: list[int], output: list[int]) -> list[tuple[int, float, float]]:
-    """Positions where ``output`` is not the int8 model's argmax given its prefix: (index, top-two gap, top).
+    """Positions where ``output`` is not the int8 model's argmax given its prefix: (index, gap to the top, top).
 
-    The int8 LM head returns bfloat16 logits, so two logits within one bfloat16 step (relative 2**-8) of each
-    other are a tie that the summation order of a differently shaped product may flip; a decoder is greedy if
-    every deviation is such a near-tie (the float decoders' rule, at bfloat16 resolution).
+    The int8 LM head returns bfloat16 logits (steps of 0.25 near 33), so logits within one bfloat16 step
+    (2**-7 of the top: bfloat16 keeps 7 fraction bits) are ties that the summation order of a differently shaped product may flip, and
+    three-way ties occur; a decoder is greedy if every deviation is such a near-tie (the float decoders' rule,
+    at bfloat16 resolution).
     """
     tokens = prompt + output
     model.setup_cache(len(tokens))
     with torch.no_grad():
         logits = model(torch.tensor([tokens[:-1]]), torch.arange(len(tokens) - 1))[0, len(prompt) - 1 :]
-    top = torch.topk(logits, 2, dim=-1)
+    top = logits.max(-1).values
     deviations = []
     for index, token in enumerate(output):
-        if token != int(top.indices[index, 0]):
-            assert token == int(top.indices[index, 1]), f"token {index} is not even the runner-up"
-            value = float(top.values[index, 0])
-            deviations.append((index, value - float(top.values[index, 1]), value))
+        if token != int(logits[index].argmax()):
+            value = float(top[index])
+            deviations.append((index, value - float(logits[index, token]), value))
     return deviations
 
 
@@ -225,7 +225,7 @@ def test_int8_smollm_chain_decoders_equal_int8_plain_decoding():
             output = decoder.generate(prompt, 24).token_ids
             assert len(output) == 24
             for index, gap, top in int8_greedy_deviations(model, prompt, output):
-                assert gap <= 2**-8 * abs(top), f"token {index} leaves int8 greedy decoding (gap {gap:.2e})"
+                assert gap <= 2**-7 * abs(top), f"token {index} leaves int8 greedy decoding (gap {gap:.2e})"
     # Negative control: sampled tokens are not argmaxes, and the check says so.
     prompt = tokenizer.encode(humaneval_prompts(1)[0])
     sampled = AutoregressiveDecoder(model, sampling=Sampling(temperature=1.5)).generate(
@@ -233,7 +233,7 @@ def test_int8_smollm_chain_decoders_equal_int8_plain_decoding():
     )
     with pytest.raises(AssertionError):
         for _, gap, top in int8_greedy_deviations(model, prompt, sampled.token_ids):
-            assert gap <= 2**-8 * abs(top)
+            assert gap <= 2**-7 * abs(top)
 
 
 def test_the_cli_choices_and_generate_agree_with_the_quantize_names(tiny_model):
