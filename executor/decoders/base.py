@@ -29,7 +29,7 @@ from executor.logs import GenerationResult, StepLog, parse_log_mode, record_dist
 from executor.sampling import logits_to_probs, sample_token
 from theory.checks import as_count, as_nonnegative
 
-__all__ = ["Decoder", "DecodingState", "DraftTree", "Sampling", "commit_path", "run_tree"]
+__all__ = ["Decoder", "DecodingState", "DraftTree", "Sampling", "commit_path", "run_tree", "tree_step_log"]
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,29 @@ def commit_path(model, committed: int, path: list[int]) -> None:
             torch.tensor(accepted, device=device) + committed,
             torch.arange(1, len(accepted) + 1, device=device) + committed,
         )
+
+
+def tree_step_log(
+    tree: DraftTree, path: list[int], emitted: list[int], target_probs, log_distributions, deterministic: bool
+) -> StepLog:
+    """The :class:`~executor.logs.StepLog` of one verified tree step: the tree, the accepted ``path`` (root
+    first), the ``emitted`` tokens and the (p, q) pairs of the expanded nodes for the theory's replay."""
+    expanded = tree.expanded
+    distributions = None
+    if expanded:
+        distributions = record_distributions(
+            target_probs[expanded], torch.stack([tree.draft_probs[v] for v in expanded]), log_distributions
+        )
+    return StepLog(
+        tokens=list(tree.tokens),
+        parents=list(tree.parents),
+        accepted_path=list(path),
+        emitted=emitted,
+        expanded=expanded,
+        accepted=[len(path) - 1 > d for d in range(max(tree.depths))],
+        distributions=distributions,
+        deterministic_drafts=deterministic,
+    )
 
 
 def check_token_ids(ids, name: str, vocab_size: int) -> list[int]:
@@ -348,21 +371,5 @@ class Decoder(ABC):
             self.drafter.commit(state, tree, outcome.path)
         emitted = [tree.tokens[v] for v in accepted] + [outcome.token]
         state.tokens.extend(emitted)
-        expanded = tree.expanded
-        distributions = None
-        if expanded:
-            distributions = record_distributions(
-                target_probs[expanded],
-                torch.stack([tree.draft_probs[v] for v in expanded]),
-                self.log_distributions,
-            )
-        return StepLog(
-            tokens=list(tree.tokens),
-            parents=list(tree.parents),
-            accepted_path=list(outcome.path),
-            emitted=emitted,
-            expanded=expanded,
-            accepted=[len(accepted) > d for d in range(max(tree.depths))],
-            distributions=distributions,
-            deterministic_drafts=bool(self.drafter is not None and self.drafter.deterministic),
-        )
+        deterministic = bool(self.drafter is not None and self.drafter.deterministic)
+        return tree_step_log(tree, outcome.path, emitted, target_probs, self.log_distributions, deterministic)

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from executor.decoders import ChainDecoder
-from executor.decoders.base import DraftTree, commit_path
-from executor.logs import StepLog, record_distributions
+from executor.decoders.base import DraftTree, commit_path, tree_step_log
+from executor.logs import StepLog
 from executor.methods._common import conditional_acceptance
 from executor.methods.base import Method, Prediction
 from theory.checks import as_count
@@ -154,24 +154,7 @@ class PPDDecoder(ChainDecoder):
         accepted = outcome.path[1:]
         emitted = [tree.tokens[v] for v in accepted] + [outcome.token]
         state.tokens.extend(emitted)
-        expanded = tree.expanded
-        distributions = None
-        if expanded:
-            distributions = record_distributions(
-                target_probs[expanded],
-                torch.stack([tree.draft_probs[v] for v in expanded]),
-                self.log_distributions,
-            )
-        return StepLog(
-            tokens=list(tree.tokens),
-            parents=list(tree.parents),
-            accepted_path=list(outcome.path),
-            emitted=emitted,
-            expanded=expanded,
-            accepted=[len(accepted) > d for d in range(max(tree.depths))],
-            distributions=distributions,
-            deterministic_drafts=False,
-        )
+        return tree_step_log(tree, outcome.path, emitted, target_probs, self.log_distributions, False)
 
 
 def _training_windows(target, tokenizer, window: int, max_tokens: int):
