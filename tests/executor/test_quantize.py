@@ -190,9 +190,9 @@ def int8_greedy_deviations(model, prompt: list[int], output: list[int]) -> list[
     """Positions where ``output`` is not the int8 model's argmax given its prefix: (index, gap to the top, top).
 
     The int8 LM head returns bfloat16 logits (steps of 0.25 near 33), so logits within one bfloat16 step
-    (2**-7 of the top: bfloat16 keeps 7 fraction bits) are ties that the summation order of a differently shaped product may flip, and
-    three-way ties occur; a decoder is greedy if every deviation is such a near-tie (the float decoders' rule,
-    at bfloat16 resolution).
+    (2**-7 of the top: bfloat16 keeps 7 fraction bits) are ties that the summation order of a differently
+    shaped product may flip, and three-way ties occur; a decoder is greedy if every deviation is such a
+    near-tie (the float decoders' rule, at bfloat16 resolution).
     """
     tokens = prompt + output
     model.setup_cache(len(tokens))
