@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from executor.drafters.falcon import BLOCK, FalconHead, block_mask
 from executor.training.features import FeatureSet, target_logits
 from executor.training.loop import agreement_sums, finish_checkpoint, rms, run_budgeted
-from executor.training.trainer import TrainConfig, _head_inputs, choose_vocab, ridge_init
+from executor.training.trainer import TrainConfig, _head_inputs, ridge_init, start_head
 
 __all__ = ["coupled_inputs", "evaluate_falcon_head", "first_in_block", "train_falcon_head"]
 
@@ -142,16 +142,7 @@ def train_falcon_head(
 ) -> dict:
     """Train (or resume training) a :class:`FalconHead` with CSGD for ``config.minutes``; save; return the card."""
     config = TrainConfig() if config is None else config
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed)
-    vocab, vocab_info = choose_vocab(target, train, config.vocab)
-    head = FalconHead(target.config, vocab)
-    groups = [
-        {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
-        {"params": list(head.layer.parameters()), "scale": 1.0},
-    ]
+    out_dir, generator, head, groups, vocab_info = start_head(FalconHead, target, train, out_dir, config)
 
     def initialise() -> dict:
         initial = evaluate_falcon_head(head, target, held_out, max_chunks=4)

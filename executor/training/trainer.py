@@ -184,6 +184,26 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
     return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
 
 
+def start_head(head_class, target, train: FeatureSet, out_dir, config: TrainConfig):
+    """The seeded start the feature and falcon kinds share: ``(out_dir, generator, head, groups, vocab_info)``.
+
+    Creates ``out_dir``, seeds the batch generator and torch's own (the head's initial weights) with
+    ``config.seed``, chooses the draft vocabulary (:func:`choose_vocab`), builds ``head_class(target.config,
+    vocab)`` and its AdamW groups: the projection ``fc`` at ``config.fc_lr_scale`` times the rate, the layer at 1.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    vocab, vocab_info = choose_vocab(target, train, config.vocab)
+    head = head_class(target.config, vocab)
+    groups = [
+        {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
+        {"params": list(head.layer.parameters()), "scale": 1.0},
+    ]
+    return out_dir, generator, head, groups, vocab_info
+
+
 def train_feature_head(
     target,
     train: FeatureSet,
@@ -199,16 +219,7 @@ def train_feature_head(
     ``out_dir`` receives ``train_state.pt`` during training and the checkpoint (weights + card) at the end.
     ``KeyboardInterrupt`` saves the state first, so the next call resumes.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed)
-    vocab, vocab_info = choose_vocab(target, train, config.vocab)
-    head = FeatureHead(target.config, vocab)
-    groups = [
-        {"params": list(head.fc.parameters()), "scale": config.fc_lr_scale},
-        {"params": list(head.layer.parameters()), "scale": 1.0},
-    ]
+    out_dir, generator, head, groups, vocab_info = start_head(FeatureHead, target, train, out_dir, config)
 
     def initialise() -> dict:
         initial = evaluate_head(head, target, held_out, max_chunks=4)
