@@ -15,7 +15,11 @@ matrix product instead of ``V`` floats per token on disk.
 
 Shards of ``shard_chunks`` chunks are written atomically (``split-NNNNN.safetensors``); an interrupted run
 resumes at the first missing shard, and ``manifest.json`` is written last. The cache directory is keyed by the
-target's fingerprint, the corpus fingerprint and the settings (:func:`feature_cache_dir`).
+target's fingerprint, the corpus fingerprint and the settings (:func:`feature_cache_dir`). Chunking takes the
+corpus in order, so a cache asked for more tokens starts with the same chunks as a smaller one: a shard whose
+tokens equal a shard of a *sibling* cache (same target, corpus, chunk length and dtypes;
+:func:`sibling_caches`) is copied from it instead of recomputed, so growing ``train_tokens`` only prefills the
+new chunks.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
     "feature_cache_dir",
     "load_features",
     "prepare_features",
+    "sibling_caches",
     "target_logits",
 ]
 
@@ -74,6 +79,40 @@ def _shard_path(directory: Path, split: str, index: int) -> Path:
     return directory / f"{split}-{index:05d}.safetensors"
 
 
+def _reuse_shard(path: Path, part: list[list[int]], reuse: list[Path]) -> bool:
+    """Copy the shard of the same name from a ``reuse`` directory whose tokens equal ``part``; ``True`` if done."""
+    from safetensors import safe_open
+
+    expected = torch.tensor(part, dtype=torch.int64)
+    for directory in reuse:
+        source = directory / path.name
+        if not source.is_file():
+            continue
+        with safe_open(str(source), framework="pt") as handle:
+            if "tokens" not in handle.keys() or not torch.equal(handle.get_tensor("tokens"), expected):
+                continue
+        atomic_write_bytes(path, source.read_bytes())
+        return True
+    return False
+
+
+def sibling_caches(directory: Path, info: dict) -> list[Path]:
+    """Finished feature caches next to ``directory`` whose ``corpus.json`` matches ``info`` on the target, the
+    corpus fingerprint, the chunk length and both dtypes (their shards are candidates for reuse)."""
+    keys = ("target", "corpus_fingerprint", "chunk_length", "storage_dtype", "target_dtype")
+    found = []
+    for other in sorted(Path(directory).parent.glob("*/corpus.json")):
+        if other.parent == Path(directory) or not (other.parent / MANIFEST).is_file():
+            continue
+        try:
+            theirs = json.loads(other.read_text())
+        except (OSError, ValueError):
+            continue
+        if all(theirs.get(key) == info.get(key) for key in keys):
+            found.append(other.parent)
+    return found
+
+
 def build_features(
     target,
     splits: dict[str, list[list[int]]],
@@ -84,11 +123,14 @@ def build_features(
     batch_size: int = 4,
     topk: int = 8,
     progress: bool = True,
+    reuse: list[Path] = (),
 ) -> Path:
     """Prefill every chunk of every split through ``target`` and write the shards (skipping existing ones).
 
     ``splits`` maps a split name (``"train"``, ``"held_out"``) to its chunks, all of one length ``T``.
     Returns ``directory``. Resumable: shards already on disk are complete (atomic writes) and not recomputed.
+    A shard found in one of the ``reuse`` directories under the same name and with the same tokens is copied
+    (the caller guarantees they were built by the same target with the same settings).
     """
     from safetensors.torch import save
     from tqdm import tqdm
@@ -113,7 +155,7 @@ def build_features(
             for index in range(shards):
                 part = chunks[index * shard_chunks : (index + 1) * shard_chunks]
                 path = _shard_path(directory, split, index)
-                if path.is_file():
+                if path.is_file() or _reuse_shard(path, part, list(reuse)):
                     bar.update(len(part) * length)
                     continue
                 hidden_rows = []
@@ -198,7 +240,13 @@ def prepare_features(
     for split, chunks in splits.items():
         if not chunks:
             raise ValueError(f"corpus {corpus.name!r} has fewer than {chunk_length} {split} tokens")
-    build_features(target, splits, directory, storage_dtype=storage_dtype, progress=progress)
-    info = {"corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(), **settings}
+    info = {
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint(),
+        "target": model_fingerprint(target)["hash"],
+        **settings,
+    }
+    reuse = sibling_caches(directory, info)
+    build_features(target, splits, directory, storage_dtype=storage_dtype, progress=progress, reuse=reuse)
     atomic_write_bytes(directory / "corpus.json", json.dumps(info, indent=2).encode())
     return directory

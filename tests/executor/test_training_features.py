@@ -43,3 +43,61 @@ def test_an_interrupted_cache_resumes_and_equals_an_uninterrupted_one(tiny_model
         full, cut = load_features(tmp_path / "full", split), load_features(tmp_path / "cut", split)
         assert torch.equal(full.hidden, cut.hidden) and torch.equal(full.tokens, cut.tokens)
     assert load_features(tmp_path / "full", "train").hidden.dtype == torch.bfloat16
+
+
+def test_a_larger_cache_copies_the_shards_of_a_smaller_one_with_the_same_chunks(tiny_model, tmp_path):
+    from executor.training import features as module
+
+    model = tiny_model(3, vocab_size=16, max_seq_len=64)
+    data = chunks(6, 8, 16, 0)
+    build_features(model, {"train": data[:4]}, tmp_path / "small", shard_chunks=2, progress=False)
+    calls = []
+    original = module._reuse_shard
+    module._reuse_shard = lambda *args: calls.append(original(*args)) or calls[-1]
+    try:
+        build_features(
+            model,
+            {"train": data},
+            tmp_path / "big",
+            shard_chunks=2,
+            progress=False,
+            reuse=[tmp_path / "small"],
+        )
+    finally:
+        module._reuse_shard = original
+    assert calls == [True, True, False]  # two shards copied, the third computed
+    build_features(model, {"train": data}, tmp_path / "fresh", shard_chunks=2, progress=False)
+    big, fresh = load_features(tmp_path / "big", "train"), load_features(tmp_path / "fresh", "train")
+    assert torch.equal(big.hidden, fresh.hidden) and torch.equal(big.topk_counts, fresh.topk_counts)
+    # Negative control: a sibling with other tokens under the same shard name is not copied.
+    other = chunks(6, 8, 16, 9)
+    build_features(
+        model,
+        {"train": other},
+        tmp_path / "other",
+        shard_chunks=2,
+        progress=False,
+        reuse=[tmp_path / "small"],
+    )
+    assert torch.equal(load_features(tmp_path / "other", "train").tokens, torch.tensor(other))
+
+
+def test_sibling_caches_match_on_target_corpus_and_settings(tmp_path):
+    import json
+
+    from executor.training.features import MANIFEST, sibling_caches
+
+    info = {
+        "target": "t",
+        "corpus_fingerprint": "c",
+        "chunk_length": 8,
+        "storage_dtype": "b",
+        "target_dtype": "f",
+    }
+    for name, change in (("same", {}), ("model", {"target": "u"}), ("length", {"chunk_length": 9})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "corpus.json").write_text(json.dumps({**info, **change, "train_tokens": 1}))
+        (tmp_path / name / MANIFEST).write_text("{}")
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "corpus.json").write_text(json.dumps(info))
+    assert sibling_caches(tmp_path / "new", info) == [tmp_path / "same"]
