@@ -172,7 +172,13 @@ def generate_continuations(
             atomic_write_bytes(path, text.encode("utf-8"))
             bar.update(min(generated, tokens) - bar.n)
             batch += 1
-    return [record["ids"] for record in records], path
+    used, count = [], 0
+    for record in records:  # only what was asked: a larger cache from an earlier run serves a smaller N
+        if count >= tokens:
+            break
+        used.append(record["ids"])
+        count += record["generated"]
+    return used, path
 
 
 def chunk_sequences(sequences: list[list[int]], eos_id: int | None, chunk_length: int) -> list[list[int]]:
@@ -193,9 +199,10 @@ def self_distilled_features(
     chunks = chunk_sequences(sequences, getattr(tokenizer, "eos_id", None), chunk_length)
     if not chunks:
         raise ValueError(f"self:{tokens} gives fewer than {chunk_length} tokens; ask for more")
-    directory = path.with_suffix(f".features-{chunk_length}")
+    directory = path.with_suffix(f".features-{chunk_length}-{len(chunks)}")  # N changes the chunks
     if not (directory / MANIFEST).is_file():
-        build_features(target, {"train": chunks}, directory, progress=progress)
+        earlier = sorted(path.parent.glob(f"{path.stem}.features-{chunk_length}-*"))  # same prefix of chunks
+        build_features(target, {"train": chunks}, directory, progress=progress, reuse=earlier)
     info = {
         "self_distill_tokens": tokens,
         "sequences": len(sequences),
