@@ -98,7 +98,8 @@ def _layer_drafter(spec: str, target):
 
 
 def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None, log=None):
-    """The newest cached feature-head checkpoint for ``target``; trains one first when there is none.
+    """The best cached feature-head checkpoint for ``target`` (highest held-out sum-min, then newest:
+    :func:`executor.training.trainer.cached_checkpoints`); trains one first when there is none.
 
     Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
     receives the message saying that a drafter is being trained.
@@ -107,7 +108,7 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
 
 
 def kind_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokenizer=None, log=None):
-    """The newest cached checkpoint of ``kind`` (``"feature"``, ``"falcon"``, ``"exit:K"``, ``"kangaroo:K"``) for ``target``;
+    """The best cached checkpoint of ``kind`` (``"feature"``, ``"falcon"``, ``"exit:K"``, ``"kangaroo:K"``) for ``target``;
     trains one first, with a message, when there is none (``None`` without ``train_if_missing``)."""
     import sys
 

@@ -123,9 +123,10 @@ def run_budgeted(
         disable=not progress,
     )
     try:
-        while record["seconds"] < budget:
+        max_steps = getattr(config, "max_steps", 0)
+        while record["seconds"] < budget and not (max_steps and record["steps"] >= max_steps):
             start = time.perf_counter()
-            fraction = record["seconds"] / budget
+            fraction = record["steps"] / max_steps if max_steps else record["seconds"] / budget
             warm = min(1.0, (record["steps"] + 1) / (config.warmup_steps + 1))
             lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
             for group in optimizer.param_groups:

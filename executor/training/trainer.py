@@ -35,6 +35,7 @@ from executor.drafters.feature import FeatureHead
 from executor.training.checkpoint import model_fingerprint
 from executor.training.features import FeatureSet, target_logits
 from executor.training.loop import agreement_sums, finish_checkpoint, ridge_solve, rms, run_budgeted
+from executor.training.teacher import coarse_kl
 
 __all__ = [
     "TrainConfig",
@@ -67,7 +68,13 @@ class TrainConfig:
     vocab: str = "auto"  # "full" | "reduced" | "auto" (reduced when its measured LM-head cost is < 0.8x)
     seed: int = 0
     save_seconds: float = 60.0
-    eval_seconds: float = 90.0
+    eval_seconds: float = 240.0  # the bar's held-out figure (2 chunks); the card's uses every held-out chunk
+    teacher_topk: int = (
+        32  # 0: recompute the full p' every step; k: cached top-k + tail (executor.training.teacher)
+    )
+    max_steps: int = (
+        0  # 0: the time budget alone; n: also stop after n steps (the schedule then runs on steps)
+    )
 
     def __post_init__(self) -> None:
         if not self.minutes > 0:
@@ -76,11 +83,15 @@ class TrainConfig:
             raise ValueError(f"vocab must be 'full', 'reduced' or 'auto', got {self.vocab!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size!r}")
+        if self.teacher_topk < 0 or self.max_steps < 0:
+            raise ValueError(
+                f"teacher_topk and max_steps must be non-negative, got {self.teacher_topk!r}, {self.max_steps!r}"
+            )
 
     def recipe(self) -> dict:
         """What changes the trained weights (the budget, save and eval cadence do not key the cache)."""
         data = asdict(self)
-        for name in ("minutes", "save_seconds", "eval_seconds"):
+        for name in ("minutes", "save_seconds", "eval_seconds", "max_steps"):
             data.pop(name)
         return data
 
@@ -101,18 +112,26 @@ def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
     return head(target, inputs, next_tokens, slots, slots + 1, mask)
 
 
-def feature_loss(head: FeatureHead, target, inputs, next_tokens, targets, feature_weight: float):
+def feature_loss(
+    head: FeatureHead, target, inputs, next_tokens, targets, feature_weight: float, teacher=None
+):
     """The training objective on aligned windows: ``(loss, kl)`` (see the module docstring).
 
     ``inputs`` = the target's pre-norm features ``h_t`` ``(B, T, d)``, ``next_tokens`` = ``x_{t+1}`` ``(B, T)``
-    and ``targets`` = ``h_{t+1}`` ``(B, T, d)``, whose distribution ``p`` is recomputed through the frozen head.
-    Shared by offline training and online distillation (:mod:`executor.methods.online`).
+    and ``targets`` = ``h_{t+1}`` ``(B, T, d)``, whose distribution ``p`` is recomputed through the frozen head,
+    unless ``teacher`` = ``(log_p, index)`` ``(B, T, k)`` gives its cached top-k (then the KL is
+    :func:`executor.training.teacher.coarse_kl`). Shared by offline training and online distillation
+    (:mod:`executor.methods.online`).
     """
-    with torch.no_grad():
-        log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
     g = _run_head(head, target, inputs, next_tokens)
-    log_q = head.logits(target, g, full=False).log_softmax(-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    q_logits = head.logits(target, g, full=False)
+    if teacher is not None:
+        kl = coarse_kl(*teacher, q_logits).mean()
+    else:
+        with torch.no_grad():
+            log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
+        log_q = q_logits.log_softmax(-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
     regression = F.smooth_l1_loss(rms(g.float()), rms(targets.float()))
     return kl + feature_weight * regression, kl
 
@@ -220,6 +239,7 @@ def train_feature_head(
     ``KeyboardInterrupt`` saves the state first, so the next call resumes.
     """
     out_dir, generator, head, groups, vocab_info = start_head(FeatureHead, target, train, out_dir, config)
+    teacher, teacher_info = cached_teacher(target, train, head, out_dir, config.teacher_topk, progress)
 
     def initialise() -> dict:
         initial = evaluate_head(head, target, held_out, max_chunks=4)
@@ -231,7 +251,8 @@ def train_feature_head(
     def step(fraction: float):
         index = torch.randint(len(train), (config.batch_size,), generator=generator)
         inputs, next_tokens, targets = _head_inputs(train, index)
-        loss, kl = feature_loss(head, target, inputs, next_tokens, targets, config.feature_weight)
+        rows = None if teacher is None else (teacher.log_p[index, 1:], teacher.index[index, 1:])
+        loss, kl = feature_loss(head, target, inputs, next_tokens, targets, config.feature_weight, rows)
         return loss, {"tokens": next_tokens.numel(), "kl": f"{float(kl.detach()):.3f}"}
 
     def evaluate() -> dict:
@@ -254,9 +275,38 @@ def train_feature_head(
         "held_out_initial": record["initial"],
         "held_out": evaluate_head(head, target, held_out),
         "draft_vocab": vocab_info,
+        **teacher_info,
         **(card_extra or {}),
     }
     return finish_checkpoint(head, target, out_dir, "feature", config, record, fields)
+
+
+def cached_teacher(target, train: FeatureSet, head, out_dir: Path, k: int, progress: bool = True):
+    """``(Teacher or None, card fields)``: the top-``k`` teacher on ``head``'s draft vocabulary, computed once
+    (:func:`executor.training.teacher.teacher_topk`) and kept in ``out_dir/teacher.safetensors`` for resumes."""
+    from safetensors.torch import load_file, save
+
+    from executor.training.checkpoint import atomic_write_bytes
+    from executor.training.teacher import Teacher, teacher_topk
+
+    if k == 0:
+        return None, {}
+    vocab = head.vocab if head.reduced else None
+    k = min(k, target.config.vocab_size if vocab is None else vocab.numel())
+    path = out_dir / "teacher.safetensors"
+    shape = (*train.tokens.shape, k)
+    start = time.perf_counter()
+    if path.is_file():
+        teacher = Teacher(**load_file(str(path)))
+        if tuple(teacher.log_p.shape) != shape:
+            raise ValueError(
+                f"{str(path)!r} holds a teacher of shape {tuple(teacher.log_p.shape)}, not {shape}"
+            )
+    else:
+        teacher = teacher_topk(target, train, vocab, k, progress=progress)
+        atomic_write_bytes(path, save(teacher.tensors()))
+    tail = float((1 - teacher.log_p.exp().sum(-1)).clamp_min(0).mean())
+    return teacher, {"teacher": {"topk": k, "mean_tail_mass": tail, "seconds": time.perf_counter() - start}}
 
 
 def _float32_target(target):
@@ -268,14 +318,27 @@ def _float32_target(target):
     return copy.deepcopy(target).float()
 
 
+def _held_out_sum_min(card_path: Path) -> float:
+    try:
+        return float(json.loads(card_path.read_text())["held_out"]["sum_min"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1.0  # an unreadable card ranks last (loading it reports the problem)
+
+
 def cached_checkpoints(target, kind: str = "feature") -> list[Path]:
-    """Finished checkpoints of ``kind`` for ``target`` in the cache, most recently written first."""
+    """Finished checkpoints of ``kind`` for ``target`` in the cache, best first: highest held-out
+    ``sum_min`` on the card (every kind is scored on the same standard-library held-out files), then the most
+    recently written. The first is what ``--drafter KIND`` uses."""
     from executor.training.checkpoint import CARD_NAME, cache_root
 
     prefix = f"{kind.replace(':', '_')}-{model_fingerprint(target)['hash'][:12]}-"
     root = cache_root() / "drafters"
     found = [p for p in root.glob(prefix + "*") if (p / CARD_NAME).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: (p / CARD_NAME).stat().st_mtime, reverse=True)
+    return sorted(
+        found,
+        key=lambda p: (_held_out_sum_min(p / CARD_NAME), (p / CARD_NAME).stat().st_mtime),
+        reverse=True,
+    )
 
 
 def train_drafter(

@@ -37,6 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-tokens", type=int, default=65_536, help="training tokens to prefill (default 65536)"
     )
     parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="also stop after this many optimizer steps; the learning-rate schedule then runs on steps, so two "
+        "runs compare at equal steps (default 0: the --minutes budget alone)",
+    )
+    parser.add_argument(
+        "--teacher-topk",
+        type=int,
+        default=32,
+        help="cache the target's top-k probabilities plus the tail mass once and distil on those buckets "
+        "(default 32; 0 recomputes the full distribution at every step)",
+    )
+    parser.add_argument(
         "--vocab", default="auto", choices=["auto", "full", "reduced"], help="draft vocabulary"
     )
     parser.add_argument(
@@ -54,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.minutes > 0:
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
+    if args.max_steps < 0 or args.teacher_topk < 0:
+        raise ValueError(
+            f"--max-steps and --teacher-topk must be non-negative, got {args.max_steps}, {args.teacher_topk}"
+        )
     if args.train_tokens < 1024:
         raise ValueError(f"--train-tokens must be at least 1024, got {args.train_tokens}")
     from executor.training.selfdistill import parse_self_corpus
@@ -70,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
             minutes=args.minutes,
             out=args.out,
             train_tokens=args.train_tokens,
-            config=TrainConfig(minutes=args.minutes, vocab=args.vocab),
+            config=TrainConfig(
+                minutes=args.minutes,
+                vocab=args.vocab,
+                max_steps=args.max_steps,
+                teacher_topk=args.teacher_topk,
+            ),
         )
     except KeyboardInterrupt:
         print("specbound train-drafter: interrupted; run the same command again to resume")

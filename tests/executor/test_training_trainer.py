@@ -97,3 +97,43 @@ def test_reduced_vocabulary_holds_the_targets_top_tokens_and_every_training_toke
         TrainConfig(vocab="tiny")
     with pytest.raises(ValueError, match="minutes must be positive"):
         TrainConfig(minutes=0)
+
+
+def test_max_steps_stops_training_and_the_teacher_is_cached_for_resumes(setup, tmp_path):
+    target, train, held_out = setup
+    config = TrainConfig(minutes=5.0, lr=3e-3, batch_size=8, vocab="full", max_steps=7, teacher_topk=4)
+    card = train_feature_head(target, train, held_out, tmp_path, config, progress=False)
+    assert card["steps"] == 7 and card["teacher"]["topk"] == 4
+    assert 0 < card["teacher"]["mean_tail_mass"] < 1
+    assert (tmp_path / "teacher.safetensors").is_file() and "max_steps" not in card["recipe"]
+
+
+def test_top_k_teacher_training_learns_as_well_as_the_full_teacher(setup, tmp_path):
+    target, train, held_out = setup
+    full = TrainConfig(lr=3e-3, batch_size=8, vocab="full", max_steps=40, teacher_topk=0)
+    top = TrainConfig(lr=3e-3, batch_size=8, vocab="full", max_steps=40, teacher_topk=4)
+    a = train_feature_head(target, train, held_out, tmp_path / "full", full, progress=False)["held_out"]
+    b = train_feature_head(target, train, held_out, tmp_path / "top", top, progress=False)["held_out"]
+    # The Markov corpus has two next tokens: a top-4 teacher holds all of p, so the heads agree closely.
+    assert abs(a["sum_min"] - b["sum_min"]) < 0.05 and b["sum_min"] > 0.6
+
+
+def test_cached_checkpoints_rank_by_held_out_sum_min_then_recency(setup, tmp_path, monkeypatch):
+    import os
+
+    from executor.training.checkpoint import model_fingerprint
+    from executor.training.trainer import cached_checkpoints
+
+    target = setup[0]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    prefix = f"feature-{model_fingerprint(target)['hash'][:12]}-"
+    root = tmp_path / "specbound" / "drafters"
+    cards = {"weak-new": 0.30, "strong-old": 0.50, "tie-new": 0.40, "tie-old": 0.40, "broken": None}
+    for age, (name, value) in enumerate(reversed(cards.items())):
+        (root / (prefix + name)).mkdir(parents=True)
+        card = root / (prefix + name) / "card.json"
+        card.write_text("{" if value is None else json.dumps({"held_out": {"sum_min": value}}))
+        os.utime(card, (1000 + age, 1000 + age))
+    (root / "falcon-other").mkdir()
+    names = [p.name.removeprefix(prefix) for p in cached_checkpoints(target, "feature")]
+    assert names == ["strong-old", "tie-new", "tie-old", "weak-new", "broken"]
