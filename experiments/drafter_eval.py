@@ -26,6 +26,7 @@ from executor.decoders import AutoregressiveDecoder, ChainDecoder, DecodingState
 from executor.drafters import FeatureDrafter
 from executor.drafters.parse import feature_checkpoint
 from executor.training.features import target_logits
+from executor.training.loop import agreement_sums
 from executor.weights import load_model
 
 
@@ -36,33 +37,46 @@ def humaneval_continuations(count: int) -> list[tuple[str, str]]:
     return [(task["prompt"], task["canonical_solution"]) for task in problems[:count]]
 
 
-def teacher_forced(target, tokenizer, drafter: FeatureDrafter, count: int) -> dict:
-    head = drafter.head
-    totals = {"top1": 0.0, "sum_min": 0.0}
-    tokens_seen = 0
+def humaneval_figures(target, tokenizer, count: int, rows_of) -> dict:
+    """The teacher-forced HumanEval loop both drafter evaluations share.
+
+    For each of the first ``count`` continuations (prompt + canonical solution, cut to the context), prefills the
+    target once with its hidden states and calls ``rows_of(ids, start, hidden)`` (``start`` = the prompt's token
+    count, ``hidden`` ``(1, T, d)`` pre-norm), which yields ``(name, p, q_logits, vocab)``: the target's
+    probabilities and the head's logits (``-inf`` outside ``vocab``) at the scored rows. Returns, per ``name``,
+    the mean ``top1``, ``sum_min``, ``kl`` (:func:`executor.training.loop.agreement_sums`) and the ``tokens``.
+    """
+    sums: dict[str, dict] = {}
     with torch.no_grad():
         for prompt, solution in humaneval_continuations(count):
             start = len(tokenizer.encode(prompt))
             ids = tokenizer.encode(prompt + solution)[: target.config.max_seq_len]
-            length = len(ids)
-            target.setup_cache(length)
-            _, hidden = target(torch.tensor([ids]), torch.arange(length), return_hidden=True)
-            hidden = hidden[0]
-            head.setup_cache(length - 1)
-            slots = torch.arange(length - 1)
-            g = head(
-                target, hidden[None, :-1], torch.tensor([ids[1:]]), slots, slots + 1, slots <= slots[:, None]
-            )
-            rows = slice(max(start - 2, 0), length - 1)  # entry s predicts token s + 2 from g_{s+1} ~ h_{s+1}
-            p = target_logits(target, hidden[1:][rows]).softmax(-1)
-            q = head.logits(target, g[0][rows]).softmax(-1)
-            totals["top1"] += float((p.argmax(-1) == q.argmax(-1)).sum())
-            totals["sum_min"] += float(torch.minimum(p, q).sum())
-            tokens_seen += p.shape[0]
-    return {name: value / tokens_seen for name, value in totals.items()} | {
-        "tokens": tokens_seen,
-        "problems": count,
+            target.setup_cache(len(ids))
+            _, hidden = target(torch.tensor([ids]), torch.arange(len(ids)), return_hidden=True)
+            for name, p, q_logits, vocab in rows_of(ids, start, hidden):
+                total = sums.setdefault(name, {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0})
+                for key, value in agreement_sums(p, q_logits, vocab).items():
+                    total[key] += value
+    return {
+        name: {k: v / max(s["tokens"], 1) for k, v in s.items() if k != "tokens"} | {"tokens": s["tokens"]}
+        for name, s in sums.items()
     }
+
+
+def teacher_forced(target, tokenizer, drafter: FeatureDrafter, count: int) -> dict:
+    """The feature head's first drafted position over the solution tokens (see the module docstring)."""
+    head = drafter.head
+
+    def rows_of(ids, start, hidden):
+        length = len(ids)
+        head.setup_cache(length - 1)
+        slots = torch.arange(length - 1)
+        g = head(target, hidden[:, :-1], torch.tensor([ids[1:]]), slots, slots + 1, slots <= slots[:, None])
+        rows = slice(max(start - 2, 0), length - 1)  # entry s predicts token s + 2 from g_{s+1} ~ h_{s+1}
+        p = target_logits(target, hidden[0, 1:][rows]).softmax(-1)
+        yield "token1", p, head.logits(target, g[0][rows]), head.vocab
+
+    return humaneval_figures(target, tokenizer, count, rows_of)["token1"] | {"problems": count}
 
 
 def drafter_cost(target, drafter: FeatureDrafter, repeats: int, context: int = 256) -> dict:
@@ -128,13 +142,16 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--skip-decoding", action="store_true", help="only the acceptance figures (no cost, no decoding)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from executor.device import set_threads
 
     set_threads(args.threads)
     report = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32,) if args.skip_decoding else (torch.float32, torch.bfloat16):
         target, tokenizer = load_model(device="cpu", dtype=dtype)
         path = args.checkpoint or feature_checkpoint(target, train_if_missing=False)
         if path is None:
@@ -145,6 +162,8 @@ def main(argv=None) -> int:
             report["checkpoint"] = str(path)
             report["held_out_stdlib"] = drafter.card["held_out"]
             report["humaneval"] = teacher_forced(target, tokenizer, drafter, args.problems)
+        if args.skip_decoding:
+            break
         report[f"cost_{name}"] = drafter_cost(target, drafter, args.repeats)
         report[f"decoding_{name}"] = decoding(
             target, tokenizer, drafter, args.decode_prompts, args.new_tokens

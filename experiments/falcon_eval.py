@@ -26,44 +26,34 @@ from executor.drafters import FalconDrafter
 from executor.drafters.parse import kind_checkpoint
 from executor.training.falcon import _forward, coupled_inputs, first_in_block
 from executor.training.features import target_logits
-from executor.training.loop import agreement_sums
 from executor.weights import load_model
-from experiments.drafter_eval import humaneval_continuations
+from experiments.drafter_eval import humaneval_figures
 
 
 def teacher_forced(target, tokenizer, drafter: FalconDrafter, count: int) -> dict:
+    """Tokens 1-4 of Falcon's first two passes over the solution tokens (see the module docstring)."""
     head = drafter.head
-    names = ("token1", "token2", "token3", "token4")
-    sums = {name: {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0} for name in names}
-    with torch.no_grad():
-        for prompt, solution in humaneval_continuations(count):
-            start = len(tokenizer.encode(prompt))
-            ids = tokenizer.encode(prompt + solution)[: target.config.max_seq_len]
-            length = len(ids)
-            target.setup_cache(length)
-            _, hidden = target(torch.tensor([ids]), torch.arange(length), return_hidden=True)
-            inputs, tokens = hidden[:, : length - 2], torch.tensor([ids[1 : length - 1]])
-            entries = length - 2  # entry column c predicts token c + 3 (0-based ids) from h_{c+2}
-            p = target_logits(target, hidden[0, 2:]).softmax(-1)
-            first = first_in_block(entries, 0)
-            scored = torch.arange(entries) + 3 >= start  # predicted tokens inside the solution
-            g = _forward(head, target, inputs, tokens, 0)
-            everything = torch.ones(1, entries, dtype=torch.bool)
-            g2 = _forward(head, target, coupled_inputs(inputs, g, everything, 0), tokens, 0)
-            later = torch.arange(entries) >= 2
-            for name, rows, out in (
-                ("token1", first & scored, g),
-                ("token2", ~first & scored, g),
-                ("token3", first & scored & later, g2),
-                ("token4", ~first & scored & later, g2),
-            ):
-                q_logits = head.logits(target, out[0][rows])
-                for key, value in agreement_sums(p[rows], q_logits, head.vocab).items():
-                    sums[name][key] += value
-    return {
-        name: {k: v / max(s["tokens"], 1) for k, v in s.items() if k != "tokens"} | {"tokens": s["tokens"]}
-        for name, s in sums.items()
-    } | {"problems": count}
+
+    def rows_of(ids, start, hidden):
+        length = len(ids)
+        inputs, tokens = hidden[:, : length - 2], torch.tensor([ids[1 : length - 1]])
+        entries = length - 2  # entry column c predicts token c + 3 (0-based ids) from h_{c+2}
+        p = target_logits(target, hidden[0, 2:]).softmax(-1)
+        first = first_in_block(entries, 0)
+        scored = torch.arange(entries) + 3 >= start  # predicted tokens inside the solution
+        g = _forward(head, target, inputs, tokens, 0)
+        everything = torch.ones(1, entries, dtype=torch.bool)
+        g2 = _forward(head, target, coupled_inputs(inputs, g, everything, 0), tokens, 0)
+        later = torch.arange(entries) >= 2
+        for name, rows, out in (
+            ("token1", first & scored, g),
+            ("token2", ~first & scored, g),
+            ("token3", first & scored & later, g2),
+            ("token4", ~first & scored & later, g2),
+        ):
+            yield name, p[rows], head.logits(target, out[0][rows]), head.vocab
+
+    return humaneval_figures(target, tokenizer, count, rows_of) | {"problems": count}
 
 
 def decoding(target, tokenizer, drafter: FalconDrafter, prompts: list[str], new_tokens: int) -> dict:
