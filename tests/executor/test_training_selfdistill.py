@@ -76,3 +76,30 @@ def test_self_distilled_features_are_merged_oversampled_before_the_base(tiny_mod
     assert generated.tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7, 0]] * 4 and info["chunks"] == 4
     merged = merge_features(generated, generated, repeat=3)
     assert merged.tokens.shape[0] == 16 and torch.equal(merged.hidden[:4], generated.hidden)
+
+
+def test_a_different_self_n_gets_its_own_features_and_reuses_the_common_chunks(
+    tiny_model, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tiny_model(0, vocab_size=16, max_seq_len=64)
+    from executor.training import selfdistill
+
+    rows = [[1 + (i * 7 + j) % 15 for j in range(7)] for i in range(40)]
+    monkeypatch.setattr(
+        selfdistill,
+        "generate_continuations",
+        lambda target, tokenizer, tokens, progress: (rows[: tokens // 7], tmp_path / "gen.jsonl"),
+    )
+    small, info_small = self_distilled_features(
+        target, CharTokenizer(16), 14 * 7, chunk_length=8, progress=False
+    )
+    large, info_large = self_distilled_features(
+        target, CharTokenizer(16), 40 * 7, chunk_length=8, progress=False
+    )
+    assert info_small["chunks"] == 14 and info_large["chunks"] == 40  # the old bug: 14 chunks served both
+    assert torch.equal(large.tokens[:14], small.tokens) and torch.equal(large.hidden[:14], small.hidden)
+    assert sorted(p.name for p in tmp_path.glob("gen.features-8-*")) == [
+        "gen.features-8-14",
+        "gen.features-8-40",
+    ]
