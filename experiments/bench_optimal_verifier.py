@@ -3,7 +3,7 @@
 Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH] [--end-to-end N]``. For every pair and
 ``n`` in 2, 4, 8 it builds :func:`theory.optimal_verifier` and records the build time, the shortfall to
 :math:`\\alpha^*` and, on the same pair, the exact acceptance of RRS, K-SEQ and (``n = 2``) SpecHub (its own
-hub draft law). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
+hub draft law) and RRS without replacement (a tree node with two children). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
 that sorts by ratio), interleaved, so that the ratio survives a loaded machine. Real pairs are logged by the
 executor (:func:`experiments.real_pairs.log_pairs`: multi-draft decoder, untrained early-exit drafter at
 layer 15, T = 0.7 and 1) and cached under ``--pairs-dir`` (resumable). Prints a table and writes JSON
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from theory import optimal_verifier, verifier
+from theory import optimal_verifier, optimal_verifier_wor, verifier
 
 DRAFTS = (2, 4, 8)
 SYNTHETIC_VOCAB = 151936
@@ -76,7 +76,32 @@ def measure(p: np.ndarray, q: np.ndarray, n: int) -> dict:
     }
     if n == 2:
         row["spechub"] = float(verifier("spechub").acceptance(p, q, 2))
+        # A tree node with two children: i.i.d. children + the optimal verifier against RRS without replacement.
+        row["rrs_wor"] = float(verifier("rrs_wor").acceptance(p, q, 2))
     return row
+
+
+def lumped(p: np.ndarray, q: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``keep`` tokens of largest ``p + q`` and one token holding the rest of both (a proper pair)."""
+    top = np.argsort(-(p + q))[:keep]
+    rest = np.ones(p.shape[0], dtype=bool)
+    rest[top] = False
+    return np.r_[p[top], p[rest].sum()], np.r_[q[top], q[rest].sum()]
+
+
+def measure_wor(p: np.ndarray, q: np.ndarray, n: int) -> dict:
+    """Drafts without replacement (:func:`theory.optimal_verifier_wor`, enumerated: small pairs only): build
+    CPU time, shortfall to alpha*_wor, and RRS without replacement and the i.i.d. optimum on the same pair."""
+    built, _, cpu = _timed(lambda: optimal_verifier_wor(p, q, n))
+    return {
+        "n": n,
+        "build_cpu_ms": 1e3 * cpu,
+        "alpha_star": built.alpha_star,
+        "acceptance": built.acceptance,
+        "shortfall": built.shortfall,
+        "alpha_star_iid": float(optimal_verifier(p, q, n).alpha_star),
+        "rrs_wor": float(verifier("rrs_wor").acceptance(p, q, n)),
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -97,7 +122,7 @@ def summarise(rows: list[dict]) -> dict:
         "shortfall_median": float(np.median(shortfall)),
         "alpha_star_mean": float(alpha.mean()),
     }
-    for name in ("rrs", "kseq", "spechub"):
+    for name in ("rrs", "kseq", "spechub", "rrs_wor"):
         if name in rows[0]:
             gap = alpha - np.array([r[name] for r in rows])
             out[f"{name}_gap_mean"] = float(gap.mean())
@@ -172,9 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--end-to-end", type=int, default=0, help="also decode N tokens per prompt with SmolLM2"
     )
+    parser.add_argument(
+        "--wor-tokens",
+        type=int,
+        default=0,
+        help="also build the without-replacement verifier on the real pairs cut to their top K tokens + rest",
+    )
+    parser.add_argument("--only-wor", action="store_true", help="skip the i.i.d. cases (with --wor-tokens)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.synthetic < 1 or args.synthetic_vocab < 2:
         parser.error("--steps and --synthetic must be at least 1 and --synthetic-vocab at least 2")
+    if args.wor_tokens < 0 or (args.only_wor and args.wor_tokens < 4):
+        parser.error("--wor-tokens must be >= 0 (and >= 4 with --only-wor)")
     rng = np.random.default_rng(SEED)
     cases = {}
     for temperature in (0.7, 1.0):
@@ -185,24 +219,45 @@ def main(argv: list[str] | None = None) -> int:
         cases[f"synthetic V = {args.synthetic_vocab}, T = {temperature}"] = list(
             synthetic_pairs(rng, count, args.synthetic_vocab, temperature)
         )
-    results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}}
+    results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}, "wor": {}}
+    if args.wor_tokens:
+        for label, pairs in list(cases.items())[:2]:
+            for n in (2, 3, 4):
+                rows = [measure_wor(*lumped(p, q, args.wor_tokens), n) for p, q in tqdm(pairs, leave=False)]
+                shortfall = np.array([r["shortfall"] for r in rows])
+                alpha = np.array([r["alpha_star"] for r in rows])
+                summary = {
+                    "pairs": len(rows),
+                    "build_cpu_ms_median": float(np.median([r["build_cpu_ms"] for r in rows])),
+                    "shortfall_max": float(shortfall.max()),
+                    "alpha_star_wor_mean": float(alpha.mean()),
+                    "alpha_star_iid_mean": float(np.mean([r["alpha_star_iid"] for r in rows])),
+                    "rrs_wor_gap_mean": float(np.mean(alpha - [r["rrs_wor"] for r in rows])),
+                    "rrs_wor_gap_max": float(np.max(alpha - [r["rrs_wor"] for r in rows])),
+                }
+                key = f"{label}, top {args.wor_tokens} + rest, wor n = {n}"
+                results["wor"][key] = {"summary": summary, "rows": rows}
+                print(key, {k: round(v, 6) if isinstance(v, float) else v for k, v in summary.items()})
+        if args.only_wor:
+            cases = {}
     for label, pairs in cases.items():
         for n in DRAFTS:
             rows = [measure(p, q, n) for p, q in tqdm(pairs, desc=f"{label}, n = {n}", leave=False)]
             results["cases"][f"{label}, n = {n}"] = {"summary": summarise(rows), "rows": rows}
     header = (
         f"{'case':<44} {'build ms med/p99':>17} {'CPU ms med/p99':>15} {'x argsort':>10} {'shortfall max/med':>19} "
-        f"{'alpha*':>7} {'RRS gap':>8} {'K-SEQ gap':>9} {'SpecHub':>8}"
+        f"{'alpha*':>7} {'RRS gap':>8} {'K-SEQ gap':>9} {'SpecHub':>8} {'RRS-wor':>8}"
     )
     print(header)
     for label, entry in results["cases"].items():
         s = entry["summary"]
         spechub = f"{s['spechub_gap_mean']:.4f}" if "spechub_gap_mean" in s else ""
+        wor = f"{s['rrs_wor_gap_mean']:.4f}" if "rrs_wor_gap_mean" in s else ""
         print(
             f"{label:<44} {s['build_ms_median']:>8.1f}/{s['build_ms_p99']:<8.1f} "
             f"{s['build_cpu_ms_median']:>7.2f}/{s['build_cpu_ms_p99']:<7.2f} "
             f"{s['build_over_argsort_median']:>10.1f} {s['shortfall_max']:>9.1e}/{s['shortfall_median']:<9.1e} "
-            f"{s['alpha_star_mean']:>7.4f} {s['rrs_gap_mean']:>8.4f} {s['kseq_gap_mean']:>9.4f} {spechub:>8}"
+            f"{s['alpha_star_mean']:>7.4f} {s['rrs_gap_mean']:>8.4f} {s['kseq_gap_mean']:>9.4f} {spechub:>8} {wor:>8}"
         )
     if args.end_to_end:
         from experiments.real_pairs import PROMPTS

@@ -46,6 +46,7 @@ from theory.multidraft import (
     optimal_acceptance_certificate,
 )
 from theory.optimal_verifier import OptimalVerifier, optimal_verifier
+from theory.optimal_verifier_wor import optimal_verifier_wor
 from theory.staged import StagedStep, expected_rounds, staged_step
 from theory.tree_growth import DySpecTree, dynamic_tree, greedy_tree
 from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
@@ -109,6 +110,7 @@ __all__ = [
     "optimal_length_policy",
     "optimal_tree",
     "optimal_verifier",
+    "optimal_verifier_wor",
     "OptimalVerifier",
     "plan_tree",
     "PlanCandidate",

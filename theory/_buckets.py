@@ -108,57 +108,78 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     Two levels: coarse buckets (:data:`COARSE_BITS`), then the coarse buckets that cannot be grouped are
     split into their fine buckets (:data:`FINE_BITS`, relative width ``2**-FINE_BITS``) and the test is rerun
     on the mixed sequence, so that only tokens very close (in ratio) to a nearly tight prefix stay single.
+    Only the passes over the vocabulary that cannot be avoided run on every token (the keys, one gather per
+    level, five bincounts, the item map); the split buckets, the heavy tokens and the singles are handled on
+    their own (small) index sets.
     """
-    ratio = ps / qs
-    fine = ratio.view(np.int64) >> _SHIFT  # monotone in the ratio
-    coarse = fine // _SPLIT
+    fine = np.divide(ps, qs).view(np.int64)
+    np.right_shift(fine, _SHIFT, out=fine)  # the ratio's top bits: monotone in the ratio
+    coarse = fine >> (FINE_BITS - COARSE_BITS)
     base = int(coarse.min())
-    coarse = coarse - base
+    coarse -= base
     count = np.bincount(coarse)
     # Dense index of the non-empty coarse buckets (ratio ranges can span thousands of empty ones).
-    dense = np.cumsum(count > 0) - 1
+    nonempty = np.flatnonzero(count)
+    dense = np.zeros(count.shape[0], dtype=np.int64)
+    dense[nonempty] = np.arange(nonempty.shape[0])
     index = dense[coarse]
-    occupied = int(dense[-1]) + 1
+    occupied = nonempty.shape[0]
     coarse_p = np.bincount(index, weights=ps, minlength=occupied)
     coarse_q = np.bincount(index, weights=qs, minlength=occupied)
-    coarse_edge = _edge((np.flatnonzero(count) + base) * _SPLIT)
+    coarse_count = count[nonempty]
+    coarse_edge = _edge((nonempty + base) * _SPLIT)
     coarse_ok = _groupable(coarse_p, coarse_q, coarse_edge, 2.0**-COARSE_BITS, n, tight)
-    # Slots: each groupable coarse bucket is one, the others split into their fine buckets (only their tokens
-    # are visited); slots are numbered in ratio order by coarse index * _SPLIT + fine offset (0 if coarse).
+    # Slots in ratio order: each groupable coarse bucket is one, the others split into their fine buckets
+    # (only their tokens are visited). Slot keys: coarse index * _SPLIT + fine offset (0 for a coarse slot).
     split = np.flatnonzero(~coarse_ok[index])
-    mixed = index * _SPLIT
-    mixed[split] += fine[split] - (coarse[split] + base) * _SPLIT
-    fine_slots = np.unique(mixed[split]) if split.shape[0] else np.zeros(0, np.int64)
-    used = np.sort(np.concatenate([np.flatnonzero(coarse_ok) * _SPLIT, fine_slots]))
-    lookup = np.zeros(occupied * _SPLIT, dtype=np.int64)
-    lookup[used] = np.arange(used.shape[0])
-    slot = lookup[mixed]  # dense slot of every token
-    slot_p = np.bincount(slot, weights=ps, minlength=used.shape[0])
-    slot_q = np.bincount(slot, weights=qs, minlength=used.shape[0])
+    offset = fine[split] - (coarse[split] + base) * _SPLIT
+    split_key = index[split] * _SPLIT + offset
+    fine_slots, split_inverse = np.unique(split_key, return_inverse=True)
+    coarse_slots = np.flatnonzero(coarse_ok) * _SPLIT
+    used = np.sort(np.concatenate([coarse_slots, fine_slots]))
+    slots = used.shape[0]
+    # Dense slot of every token: the coarse slot's number, then the split tokens' fine slots.
+    slot_of_coarse = np.zeros(occupied, dtype=np.int64)
+    slot_of_coarse[coarse_ok] = np.searchsorted(used, coarse_slots)
+    slot = slot_of_coarse[index]
+    fine_number = np.searchsorted(used, fine_slots)
+    slot[split] = fine_number[split_inverse]
+    # Slot masses: the coarse bucket's, or summed over the split tokens of the fine slot.
+    slot_p, slot_q = np.zeros(slots), np.zeros(slots)
+    slot_count = np.zeros(slots, dtype=np.int64)
+    numbered = slot_of_coarse[coarse_ok]
+    slot_p[numbered], slot_q[numbered] = coarse_p[coarse_ok], coarse_q[coarse_ok]
+    slot_count[numbered] = coarse_count[coarse_ok]
+    slot_p[fine_number] = np.bincount(split_inverse, weights=ps[split], minlength=fine_slots.shape[0])
+    slot_q[fine_number] = np.bincount(split_inverse, weights=qs[split], minlength=fine_slots.shape[0])
+    slot_count[fine_number] = np.bincount(split_inverse, minlength=fine_slots.shape[0])
     coarse_slot = coarse_ok[used // _SPLIT]
     width = np.where(coarse_slot, 2.0**-COARSE_BITS, 2.0**-FINE_BITS)
     # Absolute fine keys of each slot's edges.
-    low_key = (np.flatnonzero(count)[used // _SPLIT] + base) * _SPLIT + used % _SPLIT
+    low_key = (nonempty[used // _SPLIT] + base) * _SPLIT + used % _SPLIT
     slot_low = _edge(low_key)
     slot_high = _edge(low_key + np.where(coarse_slot, _SPLIT, 1))
     ok = _groupable(slot_p, slot_q, slot_low, width, n, tight)
-    slots = used.shape[0]
-    mixed = slot
+    # Single tokens: the heavy ones and every token of a slot that cannot be grouped.
+    singles = np.flatnonzero(~ok[slot])
+    heavy = np.r_[np.flatnonzero(ps >= group_below), np.flatnonzero(qs >= group_below)]
+    singles = np.unique(np.r_[singles, heavy])
     # Group key: the slot, or the spare bin ``slots`` for tokens kept single.
-    group_key = np.where(ok[mixed] & (np.maximum(ps, qs) < group_below), mixed, slots)
-    singles = np.flatnonzero(group_key == slots)
+    group_key = slot.copy()
+    group_key[singles] = slots
     group_p = np.bincount(group_key, weights=ps, minlength=slots + 1)[:-1]
     group_q = np.bincount(group_key, weights=qs, minlength=slots + 1)[:-1]
-    group_count = np.bincount(group_key, minlength=slots + 1)[:-1]
+    group_count = slot_count - np.bincount(slot[singles], minlength=slots)
     groups = np.flatnonzero(group_count)
     # Sort items by (slot, ratio) with each group first in its slot.
-    item_key = np.concatenate([groups, mixed[singles]])
-    item_rank = np.concatenate([np.full(groups.shape[0], -np.inf), ratio[singles]])
+    single_ratio = ps[singles] / qs[singles]
+    item_key = np.concatenate([groups, slot[singles]])
+    item_rank = np.concatenate([np.full(groups.shape[0], -np.inf), single_ratio])
     order = np.lexsort((item_rank, item_key))
     item_p = np.concatenate([group_p[groups], ps[singles]])[order]
     item_q = np.concatenate([group_q[groups], qs[singles]])[order]
-    low = np.concatenate([slot_low[groups], ratio[singles]])[order]
-    high = np.concatenate([slot_high[groups], ratio[singles]])[order]
+    low = np.concatenate([slot_low[groups], single_ratio])[order]
+    high = np.concatenate([slot_high[groups], single_ratio])[order]
     single = np.concatenate([np.zeros(groups.shape[0], bool), np.ones(singles.shape[0], bool)])[order]
     items_count = np.concatenate([group_count[groups], np.ones(singles.shape[0], np.int64)])[order]
     position = np.empty(order.shape[0], dtype=np.int64)

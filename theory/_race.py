@@ -35,6 +35,9 @@ import numpy as np
 
 #: Trapezoid step in ``s = ln t``.
 STEP = 0.25
+#: Step of the Newton iterations far from the target (``n >= 3``): relative error ~1e-8, so the fit switches to
+#: :data:`STEP` once ``sum |r - r*|`` is below :data:`SWITCH` (one or two fine Newton steps then finish it).
+COARSE_STEP, SWITCH = 0.5, 1e-6
 #: Window of the clock values ``w t``: from ``exp(LOW)`` for the largest weight to ``exp(HIGH)`` for the smallest.
 LOW, HIGH = -42.0, 4.0
 #: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
@@ -43,16 +46,23 @@ TOLERANCE = 1e-14
 MAX_ITERATIONS, MAX_HALVINGS, MAX_STEP = 60, 12, 8.0
 
 
-def _nodes(log_weights: np.ndarray) -> np.ndarray:
-    """Quadrature nodes ``t`` (log-spaced by :data:`STEP`) covering the window of every weight."""
+def _nodes(log_weights: np.ndarray, step: float = STEP) -> np.ndarray:
+    """Quadrature nodes ``t`` (log-spaced by ``step``) covering the window of every weight."""
     low = LOW - log_weights.max()
     high = HIGH - log_weights.min()
-    # low + STEP * k, not np.arange(low, high, STEP): arange steps by (low + STEP) - low, which for low ~ -50
-    # is STEP + 3e-15 and biases every integral by 1.4e-14.
-    return np.exp(low + STEP * np.arange(int(np.ceil((high - low) / STEP)) + 1))
+    # low + step * k, not np.arange(low, high, step): arange steps by (low + step) - low, which for low ~ -50
+    # is step + 3e-15 and biases every integral by 1.4e-14.
+    return np.exp(low + step * np.arange(int(np.ceil((high - low) / step)) + 1))
 
 
-def race_marginal(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: int, jacobian: bool = False):
+def race_marginal(
+    lower: float,
+    masses: np.ndarray,
+    log_weights: np.ndarray,
+    n: int,
+    jacobian: bool = False,
+    step: float = STEP,
+):
     r"""Selection marginal :math:`r_u` of the race (and, if asked, :math:`\partial r / \partial \lambda`).
 
     Parameters
@@ -62,10 +72,11 @@ def race_marginal(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: 
     log_weights : (U,) :math:`\lambda_u` (finite).
     n : drafts, ``>= 2``.
     jacobian : also return the (U, U) matrix :math:`\partial r_u / \partial \lambda_v`.
+    step : trapezoid step in ``ln t`` (:data:`STEP` for the exact marginal; :data:`COARSE_STEP` inside the fit).
     """
     if n == 2:
         return _bradley_terry(lower, masses, log_weights, jacobian)
-    t = _nodes(log_weights)[None, :]
+    t = _nodes(log_weights, step)[None, :]
     # (U, K) layout: the sums over the K nodes run along the contiguous axis, where numpy sums pairwise
     # (a strided sum over ~500 nodes accumulates ~1e-14 of round-off).
     clock = np.exp(log_weights)[:, None] * t  # w_u t
@@ -74,12 +85,12 @@ def race_marginal(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: 
     density = clock * survive  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
-    r = n * masses * STEP * weighted.sum(axis=1)
+    r = n * masses * step * weighted.sum(axis=1)
     if not jacobian:
         return r
-    diagonal = n * masses * STEP * (weighted * (1.0 - clock)).sum(axis=1)
+    diagonal = n * masses * step * (weighted * (1.0 - clock)).sum(axis=1)
     scaled = density * masses[:, None]
-    cross = (n * (n - 1) * STEP) * ((scaled * power[None, :]) @ scaled.T)
+    cross = (n * (n - 1) * step) * ((scaled * power[None, :]) @ scaled.T)
     return r, np.diag(diagonal) - cross
 
 
@@ -96,7 +107,9 @@ def _bradley_terry(lower, masses, log_weights, jacobian):
     return r, np.diag(cross.sum(axis=1)) - cross
 
 
-def race_potential(lower: float, masses: np.ndarray, log_weights: np.ndarray, n: int) -> float:
+def race_potential(
+    lower: float, masses: np.ndarray, log_weights: np.ndarray, n: int, step: float = STEP
+) -> float:
     r""":math:`E[\log \sum_{i \in C} w(X_i);\ C \text{ on top}]`, whose gradient in :math:`\lambda` is ``r``.
 
     Frullani form :math:`\int_0^\infty [R e^{-t} - (\varphi(t)^n - x^n)]\, dt/t` with
@@ -106,10 +119,10 @@ def race_potential(lower: float, masses: np.ndarray, log_weights: np.ndarray, n:
     if n == 2:
         pair = np.logaddexp(log_weights[:, None], log_weights[None, :])
         return float(masses @ pair @ masses + 2.0 * lower * (masses @ log_weights))
-    t = _nodes(np.r_[log_weights, 0.0])
+    t = _nodes(np.r_[log_weights, 0.0], step)
     phi = lower + np.exp(-t[:, None] * np.exp(log_weights)[None, :]) @ masses
     total = (lower + masses.sum()) ** n - lower**n
-    return float(STEP * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
+    return float(step * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
 
 
 def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int):
@@ -120,8 +133,9 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     steps (the gradient :math:`r - r^*` sums to zero and the Hessian has the null vector ``1``, fixed by
     adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm and halved until
     :math:`\|r - r^*\|_1` or :math:`\Psi` decreases (:math:`\Psi` is evaluated only when the error does not
-    drop; the error guards the round-off floor of :math:`\Psi`). Returns the log-weights with the smallest
-    :math:`\|r - r^*\|_1` seen and their marginal.
+    drop; the error guards the round-off floor of :math:`\Psi`). For ``n >= 3`` the steps run on the coarse
+    rule (:data:`COARSE_STEP`) until the error is below :data:`SWITCH`, then on the exact one. Returns the
+    log-weights with the smallest :math:`\|r - r^*\|_1` seen (exact rule) and their exact marginal.
     """
     units = masses.shape[0]
     log_weights = np.log(target / masses)
@@ -129,20 +143,26 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     if units == 1:
         return log_weights, race_marginal(lower, masses, log_weights, n)
 
+    step_size = STEP if n == 2 else COARSE_STEP
+
     def evaluate(lw):
-        r = race_marginal(lower, masses, lw, n)
+        r = race_marginal(lower, masses, lw, n, step=step_size)
         return r, np.abs(r - target).sum()
 
     def potential(lw):
-        return race_potential(lower, masses, lw, n) - target @ lw
+        return race_potential(lower, masses, lw, n, step=step_size) - target @ lw
 
     r, error = evaluate(log_weights)
     best = (error, log_weights, r)
     psi = None  # Psi is only needed when a step does not reduce the error
     for _ in range(MAX_ITERATIONS):
+        if step_size != STEP and error <= SWITCH:  # close: the exact rule from here on
+            step_size = STEP
+            r, error = evaluate(log_weights)
+            best, psi = (error, log_weights, r), None
         if error <= TOLERANCE:
             break
-        hessian = race_marginal(lower, masses, log_weights, n, jacobian=True)[1]
+        hessian = race_marginal(lower, masses, log_weights, n, jacobian=True, step=step_size)[1]
         # Jacobi-scaled Newton system (units' masses span up to 1e18), the null vector 1 fixed by a rank-one
         # term; each coordinate of the step clipped on its own, so tiny units cannot shrink the others' steps.
         diagonal = np.maximum(np.abs(np.diag(hessian)), 1e-300)
@@ -176,4 +196,6 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
             best = (error, log_weights, r)
         if stalled:
             break
+    if step_size != STEP:
+        return best[1], race_marginal(lower, masses, best[1], n)
     return best[1], best[2]

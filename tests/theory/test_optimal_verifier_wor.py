@@ -1,0 +1,122 @@
+"""The optimal verifier for drafts without replacement: exact output law, acceptance = alpha*_wor, exact marginal.
+
+Oracles re-derived here: the output law, the selection marginal and the acceptance P(output in drafts) by
+enumerating every ordered draft tuple of successive sampling (``enumerate_drafts(q, n, "wor")``); alpha*_wor by
+brute force over all 2^V token sets with Q(H) summed from the same enumeration, and by
+``optimal_acceptance(..., draft="wor")``; ``check_lossless(..., draft="wor")`` with a negative control whose
+marginal is moved by 1e-6. The families are those of ``test_optimal_verifier`` (one-hot p or q, disjoint
+supports, q = 1e-18, p = q, peaked q, alpha* = 1 with a tight set, ties), with n at most the draft's support.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.theory.test_optimal_verifier import degenerate_pairs, perturbed
+from theory import check_lossless, optimal_acceptance, optimal_verifier, optimal_verifier_wor, strategies
+from theory.draft_laws import enumerate_drafts, sample_drafts
+
+
+@st.composite
+def cases(draw):
+    """V <= 7, 1 <= n <= min(4, support of q)."""
+    if draw(st.booleans()):
+        p, q, n = draw(degenerate_pairs())
+    else:
+        p, q = draw(strategies.distribution_pairs(vocab_size=st.integers(1, 6), min_probability=0.0))
+        n = draw(st.integers(1, 4))
+    if q.sum() <= 0 or p.sum() <= 0:
+        p, q = np.ones_like(p), np.ones_like(q)
+    p, q = p / p.sum(), q / q.sum()
+    return p, q, max(1, min(n, 4, int(np.count_nonzero(q))))
+
+
+def enumerated(v, q, n):
+    tuples, probabilities = enumerate_drafts(q, n, "wor")
+    conditional = v.conditional(tuples)
+    selection = np.zeros(q.shape[-1])
+    np.add.at(selection, tuples, probabilities[:, None] * v.selection(tuples))
+    in_drafts = np.zeros_like(conditional, dtype=bool)
+    np.put_along_axis(in_drafts, tuples, True, axis=1)
+    acceptance = float(probabilities @ np.sum(conditional * in_drafts, axis=1))
+    return probabilities @ conditional, selection, acceptance, tuples, probabilities
+
+
+def brute_force_optimum(p, q, n, tuples, probabilities):
+    """alpha*_wor = 1 + min over all 2^V sets H of p(H) - P(every draft in H)."""
+    vocab = p.shape[-1]
+    sets = ((np.arange(2**vocab)[:, None] >> np.arange(vocab)) & 1).astype(bool)
+    inside = sets[:, tuples].all(axis=-1)  # (2^V, M)
+    return float(1.0 + np.min(sets @ p - inside @ probabilities))
+
+
+@given(cases())
+def test_output_law_equals_target_by_enumeration(case):
+    p, q, n = case
+    v = optimal_verifier_wor(p, q, n)
+    output, _, _, _, _ = enumerated(v, q, n)
+    np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
+
+
+@given(cases())
+def test_acceptance_reaches_the_without_replacement_optimum(case):
+    p, q, n = case
+    v = optimal_verifier_wor(p, q, n)
+    _, _, acceptance, tuples, probabilities = enumerated(v, q, n)
+    assert abs(v.alpha_star - brute_force_optimum(p, q, n, tuples, probabilities)) <= 1e-12
+    assert abs(v.alpha_star - optimal_acceptance(p, q, n, draft="wor")) <= 1e-9
+    assert abs(acceptance - v.acceptance) <= 1e-12
+    assert 0.0 <= v.shortfall <= 1e-9
+
+
+@given(cases())
+def test_marginal_equals_the_enumerated_selection_marginal(case):
+    p, q, n = case
+    v = optimal_verifier_wor(p, q, n)
+    _, selection, _, _, _ = enumerated(v, q, n)
+    np.testing.assert_allclose(v.marginal, selection, rtol=0, atol=1e-12)
+
+
+@given(cases())
+def test_check_lossless_passes_it_and_flags_a_perturbed_marginal(case):
+    p, q, n = case
+    v = optimal_verifier_wor(p, q, n)
+    report = check_lossless(lambda p_, q_, drafts: v.conditional(drafts), p, q, n, draft="wor")
+    assert report.lossless, str(report)
+    copy, a = perturbed(v, q)
+    if copy is not None and v.p[a] >= 1e-2 * v.marginal[a]:
+        bad = check_lossless(lambda p_, q_, drafts: copy.conditional(drafts), p, q, n, draft="wor")
+        assert not bad.lossless, str(bad)
+
+
+def test_without_replacement_beats_the_iid_construction_on_a_peaked_draft():
+    """Distinct drafts cover more of p: on a peaked q the wor optimum exceeds the i.i.d. one, and both
+    constructions reach their own optimum."""
+    p, q = np.array([0.3, 0.3, 0.2, 0.2]), np.array([0.7, 0.1, 0.1, 0.1])
+    wor, iid = optimal_verifier_wor(p, q, 3), optimal_verifier(p, q, 3)
+    assert wor.acceptance > iid.acceptance + 0.03
+    assert wor.shortfall <= 1e-12 and iid.shortfall <= 1e-12
+
+
+def test_repeated_drafts_and_too_many_drafts_are_rejected():
+    v = optimal_verifier_wor([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], 2)
+    with pytest.raises(ValueError, match="distinct"):
+        v.conditional([1, 1])
+    with pytest.raises(ValueError):
+        optimal_verifier_wor([0.5, 0.5, 0.0], [0.5, 0.5, 0.0], 3)
+
+
+def test_sample_follows_the_target_on_a_fixed_seed():
+    """Monte Carlo of the coin-flip sampler (fixed seed), chi-square-free: frequencies within 5 sigma of p;
+    the selected draft's frequencies within 5 sigma of the marginal."""
+    p, q = np.array([0.1, 0.4, 0.2, 0.3]), np.array([0.4, 0.1, 0.3, 0.2])
+    v = optimal_verifier_wor(p, q, 2)
+    rng = np.random.default_rng(7)
+    drafts = np.array([sample_drafts(q, 2, "wor", rng) for _ in range(20_000)])
+    out, selected = v.sample(drafts, rng, return_selected=True)
+    for observed, law in ((out, p), (selected, v.marginal)):
+        frequency = np.bincount(observed, minlength=4) / observed.shape[0]
+        assert np.all(np.abs(frequency - law) <= 5 * np.sqrt(law * (1 - law) / observed.shape[0]) + 1e-12)
