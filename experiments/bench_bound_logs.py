@@ -51,7 +51,7 @@ def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> No
             )
         else:
             arrays = {name: values[pick] for name, values in top.items()}
-            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, VOCAB, temperature=1.0)
+            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, p_pool.shape[1], temperature=1.0)
 
 
 def peak_memory(client) -> dict:
