@@ -6,7 +6,8 @@ worker's peak resident memory, the scheduler's per-task overhead, and the extrap
 positions (alpha* iid and wor, n = 2, 4, 8). With ``--widths LOG.npz`` (a full log, e.g. written by
 ``specbound generate --log-out``) it also tabulates the mean interval width against k.
 
-    .venv/bin/python -m experiments.bench_bound_logs [--quick] [--widths runs/smollm_full.npz]
+    .venv/bin/python -m experiments.bench_bound_logs [--scale 0.1] [--widths runs/smollm_full.npz]
+    .venv/bin/python -m experiments.bench_bound_logs --million 1000000 --shards 16 --workers 2
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> No
             )
         else:
             arrays = {name: values[pick] for name, values in top.items()}
-            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, VOCAB, temperature=1.0)
+            write_topk_log(folder / f"shard_{index:03d}.npz", arrays, p_pool.shape[1], temperature=1.0)
 
 
 def peak_memory(client) -> dict:
@@ -62,50 +63,6 @@ def peak_memory(client) -> dict:
         return int(line.split()[1]) * 1024
 
     return client.run(rss)
-
-
-def timed_runs(folder: Path, ns, verifiers, rounds: int) -> dict:
-    """Positions/s with 1 and 2 workers, interleaved; peak worker memory; scheduler per-task overhead."""
-    from distributed import Client, LocalCluster
-
-    from experiments.sharded_bound import run_sharded
-
-    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=":0") for w in (1, 2)}
-    times: dict[int, list[float]] = {1: [], 2: []}
-    positions = 0
-    try:
-        for _ in range(rounds):
-            for workers, cluster in clusters.items():
-                start = time.perf_counter()
-                report = run_sharded(
-                    str(folder / "*.npz"),
-                    ns,
-                    verifiers=verifiers,
-                    scheduler=cluster.scheduler_address,
-                    progress=False,
-                )
-                times[workers].append(time.perf_counter() - start)
-                positions = report["positions"]
-        memory = {}
-        for workers, cluster in clusters.items():
-            with Client(cluster.scheduler_address) as client:
-                memory[workers] = max(peak_memory(client).values())
-        with Client(clusters[2].scheduler_address) as client:
-            start = time.perf_counter()
-            client.gather(client.map(lambda x: x, range(500), pure=False))
-            overhead = (time.perf_counter() - start) / 500
-    finally:
-        for cluster in clusters.values():
-            cluster.close()
-    best = {w: min(t) for w, t in times.items()}
-    return {
-        "positions": positions,
-        "seconds": times,
-        "positions_per_s": {w: positions / t for w, t in best.items()},
-        "scaling_2_over_1": best[1] / best[2],
-        "peak_worker_rss_mb": {w: m / 2**20 for w, m in memory.items()},
-        "scheduler_seconds_per_task": overhead,
-    }
 
 
 def timed_shard(path, *arguments) -> dict:
@@ -127,29 +84,54 @@ def _warm_up() -> None:
     import theory.truncated_verifiers  # noqa: F401
 
 
-def scaling_runs(folder: Path, ns, verifiers, rounds: int, wor_low: str) -> dict:
-    """1 vs 2 workers, interleaved, with per-task CPU time: separates our code's cost from the machine's load.
-
-    Per run: wall seconds of ``run_sharded``; the summed task CPU seconds (the work, which must not grow with
-    workers); each worker's busy wall time (sum of its tasks' wall); the CPU share a busy worker got
-    (task CPU / task wall: 1 on an idle core); the driver's overhead (run wall minus the busiest worker's
-    busy time: connecting, scheduling, gathering, aggregating); the 1-minute load average before the run.
-    Each run writes its shard summaries (with :func:`timed_shard`'s timings) to a fresh ``--out`` directory.
-    """
+def _warm_clusters(worker_counts):
+    """LocalClusters started and their workers' imports done (numpy, scipy, theory: ~1 CPU-s each) before timing."""
     from distributed import Client, LocalCluster
+
+    clusters = {
+        w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=":0") for w in worker_counts
+    }
+    for cluster in clusters.values():
+        with Client(cluster.scheduler_address) as client:
+            client.run(_warm_up)
+    return clusters
+
+
+def _task_overhead(address: str, tasks: int = 500) -> float:
+    """Seconds per trivial task (submit, run, gather) on a warm cluster: the scheduler's own cost."""
+    from distributed import Client
+
+    with Client(address) as client:
+        client.gather(client.map(_identity, range(20), pure=False))  # connection and first-task warm-up
+        start = time.perf_counter()
+        client.gather(client.map(_identity, range(tasks), pure=False))
+        return (time.perf_counter() - start) / tasks
+
+
+def _identity(x):
+    return x
+
+
+def cluster_runs(folder: Path, ns, verifiers, rounds: int, wor_low: str, worker_counts=(1, 2)) -> dict:
+    """1 vs 2 warm workers, interleaved (1, 2, 1, 2, ...), with per-task CPU time.
+
+    Per run: wall seconds of ``run_sharded``; the summed task CPU seconds (the work: it must not grow with
+    workers); the CPU share a busy worker got (task CPU / task wall: 1 on an idle core); the driver's overhead
+    (run wall minus the busiest worker's busy time: connecting, scheduling, gathering, aggregating); the
+    1-minute load average before the run. Also each worker's peak resident memory (VmHWM over all runs) and
+    the scheduler's per-task overhead on the warm 2-worker cluster, both measured after the timed runs.
+    """
+    from distributed import Client
 
     from experiments.sharded_bound import run_sharded
 
-    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, dashboard_address=":0") for w in (1, 2)}
-    for cluster in clusters.values():  # imports (numpy, scipy, theory: ~1 CPU-s per worker) before timing
-        with Client(cluster.scheduler_address) as client:
-            client.run(_warm_up)
+    clusters = _warm_clusters(worker_counts)
     runs: list[dict] = []
     try:
         for round_index in range(rounds):
             for workers, cluster in clusters.items():
                 load = float(Path("/proc/loadavg").read_text().split()[0])
-                out = folder.parent / f"scaling_out_{round_index}_{workers}"
+                out = folder.parent / f"{folder.name}_out_{wor_low}_{round_index}_{workers}"
                 start = time.perf_counter()
                 report = run_sharded(
                     str(folder / "*.npz"),
@@ -172,8 +154,9 @@ def scaling_runs(folder: Path, ns, verifiers, rounds: int, wor_low: str) -> dict
                         "workers": workers,
                         "positions": report["positions"],
                         "wall_seconds": wall,
+                        "positions_per_s": report["positions"] / wall,
                         "task_cpu_seconds": cpu,
-                        "cpu_seconds_per_position": cpu / report["positions"],
+                        "positions_per_cpu_s": report["positions"] / cpu,
                         "busiest_worker_seconds": max(busy.values()),
                         "cpu_share_while_busy": cpu / sum(t["wall_seconds"] for t in timings),
                         "driver_overhead_seconds": wall - max(busy.values()),
@@ -181,29 +164,57 @@ def scaling_runs(folder: Path, ns, verifiers, rounds: int, wor_low: str) -> dict
                     }
                 )
                 print(json.dumps(runs[-1]), flush=True)
+        memory = {}
+        for workers, cluster in clusters.items():
+            with Client(cluster.scheduler_address) as client:
+                memory[workers] = max(peak_memory(client).values()) / 2**20
+        overhead = _task_overhead(clusters[max(clusters)].scheduler_address)
     finally:
         for cluster in clusters.values():
             cluster.close()
-    summary = {}
-    for workers in (1, 2):
-        mine = [r for r in runs if r["workers"] == workers]
-        summary[workers] = {
-            key: float(np.median([r[key] for r in mine]))
-            for key in (
-                "wall_seconds",
-                "cpu_seconds_per_position",
-                "cpu_share_while_busy",
-                "driver_overhead_seconds",
-            )
+    median = {
+        workers: {
+            key: float(np.median([r[key] for r in runs if r["workers"] == workers]))
+            for key in ("wall_seconds", "positions_per_s", "positions_per_cpu_s", "cpu_share_while_busy",
+                        "driver_overhead_seconds")
         }
-    ratios = [a["wall_seconds"] / b["wall_seconds"] for a, b in zip(runs[::2], runs[1::2], strict=True)]
-    return {
+        for workers in clusters
+    }  # fmt: skip
+    result = {
         "runs": runs,
-        "median": summary,
-        "wall_ratio_2_over_1_per_round": ratios,
-        "cpu_per_position_ratio_2_over_1": summary[2]["cpu_seconds_per_position"]
-        / summary[1]["cpu_seconds_per_position"],
+        "median": median,
+        "peak_worker_rss_mb": memory,
+        "scheduler_seconds_per_task": overhead,
     }
+    if len(worker_counts) == 2:
+        result["scaling_2_over_1_per_round"] = [
+            a["wall_seconds"] / b["wall_seconds"] for a, b in zip(runs[::2], runs[1::2], strict=True)
+        ]
+        result["scaling_2_over_1"] = float(np.median(result["scaling_2_over_1_per_round"]))
+    return result
+
+
+def million_run(scratch: Path, positions: int, shards: int, workers: int, pool, wor_lows) -> dict:
+    """``positions`` top-20 positions in ``shards`` shards, alpha* iid and wor at n = 2, 4, 8, on warm workers.
+
+    Reports the wall time per ``wor_low`` and the extrapolation to 10^6 positions from the measured wall rate
+    and from the task CPU rate on ``workers`` idle cores (plus the measured driver overhead).
+    """
+    folder = scratch / "million"
+    make_shards(folder, shards, positions // shards, 20, pool)
+    result = {"positions": positions, "shards": shards, "workers": workers}
+    for wor_low in wor_lows:
+        measured = cluster_runs(folder, (2, 4, 8), (), 1, wor_low, worker_counts=(workers,))
+        run = measured["runs"][0]
+        ideal = 1e6 / (run["positions_per_cpu_s"] * workers) + run["driver_overhead_seconds"]
+        result[wor_low] = {
+            **run,
+            "peak_worker_rss_mb": measured["peak_worker_rss_mb"][workers],
+            "million_seconds_at_measured_wall_rate": 1e6 / run["positions_per_s"],
+            "million_seconds_on_idle_cores_from_cpu_rate": ideal,
+        }
+        print(wor_low, json.dumps(result[wor_low]), flush=True)
+    return result
 
 
 def cpu_rates(cases, pool, scratch: Path) -> dict:
@@ -211,13 +222,14 @@ def cpu_rates(cases, pool, scratch: Path) -> dict:
     from experiments.log_bounds import VERIFIERS, bound_shard
 
     rates = {}
-    for index, (label, k, _, rows, ns, verifiers) in enumerate(cases):
+    for index, (label, k, rows, ns, verifiers, wor_low) in enumerate(cases):
         folder = scratch / f"cpu_{index}"
         make_shards(folder, 1, rows, k, pool)
         path = str(folder / "shard_000.npz")
-        bound_shard(path, ns, verifiers=VERIFIERS if verifiers is None else verifiers)  # warm-up
+        verifiers = VERIFIERS if verifiers is None else verifiers
+        bound_shard(path, ns, verifiers=verifiers, wor_low=wor_low)  # warm-up
         start, wall = time.process_time(), time.perf_counter()
-        bound_shard(path, ns, verifiers=VERIFIERS if verifiers is None else verifiers)
+        bound_shard(path, ns, verifiers=verifiers, wor_low=wor_low)
         cpu, wall = time.process_time() - start, time.perf_counter() - wall
         rates[label] = {
             "positions": rows,
@@ -309,9 +321,25 @@ def width_table(log: str, ks, ns, verifiers=None) -> dict:
     return table
 
 
+#: (label, k, rows per shard with --wor-low iid, with dust); full logs do not use the wor low.
+CASES = (("full V=49152", None, 8, 8), ("top-20", 20, 20_000, 1_500), ("top-256", 256, 2_000, 300))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small shards, one round")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every case's rows per shard")
+    parser.add_argument("--shards", type=int, default=8, help="shards per case (and for --million)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved 1-worker / 2-worker rounds")
+    parser.add_argument("--wor-low", nargs="+", choices=("dust", "iid"), default=["iid", "dust"])
+    parser.add_argument("--cases", nargs="+", default=[c[0] for c in CASES], choices=[c[0] for c in CASES])
+    parser.add_argument(
+        "--million",
+        type=int,
+        default=None,
+        metavar="POSITIONS",
+        help="instead: POSITIONS top-20 positions (10^6 for the issue's target) on --workers warm workers",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="for --million")
     parser.add_argument("--widths", default=None, help="a full log for the width-against-k table")
     parser.add_argument(
         "--log-smollm", default=None, metavar="PATH", help="first write a SmolLM2 T = 1 log there"
@@ -323,66 +351,47 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="with --widths: only these verifiers (and alpha*'s intervals), no exact alpha* nor dust bound",
     )
-    parser.add_argument(
-        "--scaling",
-        nargs=2,
-        type=int,
-        metavar=("SHARDS", "ROWS"),
-        default=None,
-        help="only the 1-vs-2-worker scaling diagnosis on SHARDS top-20 shards of ROWS positions",
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --scaling")
-    parser.add_argument("--wor-low", choices=("dust", "iid"), default="iid", help="for --scaling")
     parser.add_argument("--out", default="runs/bench_bound_logs.json")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--cpu-only", action="store_true", help="only the in-process CPU-time rates")
     args = parser.parse_args(argv)
+    if args.scale <= 0 or args.shards < 1 or args.rounds < 1 or args.workers < 1:
+        parser.error("--scale, --shards, --rounds and --workers must be positive")
     rng = np.random.default_rng(SEED)
-    report: dict = {"machine": {"cores": len(os.sched_getaffinity(0))}, "quick": args.quick}
-    rounds = 1 if args.quick else 2
-    scale = 1 if args.quick else 4
-    cases = [  # (label, k, shards, rows per shard, ns, verifiers)
-        ("full V=49152, iid+wor n=2,4,8", None, 4, 2 * scale, (2, 4, 8), ()),
-        ("top-20, iid+wor n=2,4,8", 20, 4, 400 * scale, (2, 4, 8), ()),
-        ("top-256, iid+wor n=2,4,8", 256, 4, 60 * scale, (2, 4, 8), ()),
-        ("top-20, iid+wor n=2,4,8 + all verifiers", 20, 4, 200 * scale, (2, 4, 8), None),
-    ]
-    pool = (*lm_rows(rng, 64 if args.quick else 256), rng)
-    if args.scaling:
-        shards, rows = args.scaling
+    report: dict = {
+        "machine": {"cores": len(os.sched_getaffinity(0)), "load_1min": os.getloadavg()[0]},
+        "arguments": vars(args),
+    }
+    pool = (*lm_rows(rng, 256), rng)
+    if args.million:
         with tempfile.TemporaryDirectory() as scratch:
-            folder = Path(scratch) / "logs"
-            make_shards(folder, shards, rows, 20, pool)
-            report["scaling"] = scaling_runs(folder, (2, 4, 8), (), args.rounds, args.wor_low)
-        report["scaling"].update(shards=shards, rows=rows, wor_low=args.wor_low)
-        print(json.dumps({k: v for k, v in report["scaling"].items() if k != "runs"}, indent=1))
+            report["million"] = million_run(
+                Path(scratch), args.million, args.shards, args.workers, pool, args.wor_low
+            )
     elif args.cpu_only:
+        cases = [
+            (f"{label}, wor_low={wor}", k, max(1, int(rows[wor == "dust"] * args.scale)), (2, 4, 8), (), wor)
+            for label, k, *rows in CASES
+            if label in args.cases
+            for wor in args.wor_low
+        ]
         with tempfile.TemporaryDirectory() as scratch:
             report["cpu"] = cpu_rates(cases, pool, Path(scratch))
-        fast = report["cpu"]["top-20, iid+wor n=2,4,8"]["positions_per_cpu_s"]
-        report["million_top20_cpu_seconds"] = 1e6 / fast
     elif not args.skip_throughput:
-        from experiments.log_bounds import VERIFIERS
-
+        report["throughput"] = {}
         with tempfile.TemporaryDirectory() as scratch:
-            report["throughput"] = {}
-            for label, k, shards, rows, ns, verifiers in cases:
-                folder = Path(scratch) / f"case_{len(report['throughput'])}"
-                make_shards(folder, shards, rows, k, pool)
-                result = timed_runs(folder, ns, VERIFIERS if verifiers is None else verifiers, rounds)
-                report["throughput"][label] = result
-                print(
-                    label,
-                    json.dumps(
-                        {
-                            key: result[key]
-                            for key in ("positions_per_s", "scaling_2_over_1", "peak_worker_rss_mb")
-                        }
-                    ),
-                    flush=True,
-                )
-        fast = report["throughput"]["top-20, iid+wor n=2,4,8"]["positions_per_s"]
-        report["million_top20_seconds"] = {w: 1e6 / rate for w, rate in fast.items()}
+            for index, (label, k, *rows) in enumerate(CASES):
+                if label not in args.cases:
+                    continue
+                report["throughput"][label] = {}
+                for wor_low in args.wor_low if k is not None else ["n/a"]:
+                    folder = Path(scratch) / f"case_{index}_{wor_low}"
+                    per_shard = max(1, int(rows[wor_low == "dust"] * args.scale))
+                    make_shards(folder, args.shards, per_shard, k, pool)
+                    result = cluster_runs(folder, (2, 4, 8), (), args.rounds, wor_low)
+                    report["throughput"][label][wor_low] = result
+                    summary = {key: result[key] for key in result if key != "runs"}
+                    print(label, wor_low, json.dumps(summary), flush=True)
     if args.log_smollm:
         print(f"logged {log_smollm(args.log_smollm)} positions to {args.log_smollm}")
     if args.widths:

@@ -147,6 +147,11 @@ def wor_prefix_minimiser(
 ) -> np.ndarray:
     r""":math:`Q_n(H_k)` on enough of the ``candidates`` prefixes to contain a minimiser of :math:`P_k - Q_n(H_k)`.
 
+    Batched over rows (a 1-D input is one row). The trivial prefixes (:math:`Q = 0` below ``n`` tokens,
+    :math:`Q = 1` at ``s = 0``) are filled for every row at once; only the rows with a candidate that needs the
+    quadrature enter the branch and bound, row by row (each row has its own grid, so its values do not depend
+    on the other rows of the batch).
+
     Branch and bound on one row. :math:`Q_n(H_k)` grows with ``k``, so for a prefix ``k`` between evaluated
     prefixes, :math:`P_k - Q_n(H_k) \ge P_k - \min(Q_n(H_b), \bar Q_k)`, ``b`` the next evaluated prefix and
     :math:`\bar Q_k` = ``inclusion_bound`` (any upper bound on :math:`Q_n(H_k)`). Prefixes whose bound is not
@@ -156,20 +161,44 @@ def wor_prefix_minimiser(
 
     Parameters
     ----------
-    target_mass : (K + 1,) :math:`P_k`.
-    q_sorted, suffix : (K,), (K + 1,) as in :func:`wor_prefix_inclusion` (one row).
+    target_mass : (B, K + 1) or (K + 1,) :math:`P_k`.
+    q_sorted, suffix : (B, K), (B, K + 1) as in :func:`wor_prefix_inclusion` (or one row of each).
     n : number of drafts, ``>= 2``.
-    candidates : (K + 1,) bool, the prefixes that may be minimisers.
-    inclusion_bound : (K + 1,) upper bounds on :math:`Q_n(H_k)`.
+    candidates : (B, K + 1) bool, the prefixes that may be minimisers.
+    inclusion_bound : (B, K + 1) upper bounds on :math:`Q_n(H_k)`.
 
     Returns
     -------
-    (K + 1,) array of :math:`Q_n(H_k)` on the evaluated prefixes, NaN elsewhere.
+    (B, K + 1) (or (K + 1,)) array of :math:`Q_n(H_k)` on the evaluated prefixes, NaN elsewhere.
     """
+    if np.ndim(suffix) == 1:
+        return wor_prefix_minimiser(
+            *(np.asarray(x)[None] for x in (target_mass, q_sorted, suffix)),
+            n,
+            np.asarray(candidates)[None],
+            np.asarray(inclusion_bound)[None],
+        )[0]
     inclusion = np.full(suffix.shape, np.nan)
-    reads = _fill_trivial_prefixes(inclusion, suffix, n, candidates)
-    if reads.size == 0:
-        return inclusion
+    inclusion[candidates & (suffix <= 0)] = 1.0
+    head = inclusion[:, :n]  # a view
+    head[candidates[:, :n]] = 0.0
+    needed = candidates & (suffix > 0)
+    needed[:, :n] = False
+    for row in np.flatnonzero(needed.any(axis=1)):
+        _branch_and_bound(
+            inclusion[row],
+            np.flatnonzero(needed[row]),
+            target_mass[row],
+            q_sorted[row],
+            suffix[row],
+            n,
+            inclusion_bound[row],
+        )
+    return inclusion
+
+
+def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound) -> None:
+    """Fill ``inclusion`` (one row, trivial prefixes already set) on the ``reads`` it takes to find the minimum."""
     evaluate = _PrefixInclusion(q_sorted, suffix, n, reads)
     evaluated = np.zeros(reads.size, dtype=bool)
     undecided = np.ones(reads.size, dtype=bool)  # neither evaluated nor ruled out
@@ -187,7 +216,7 @@ def wor_prefix_minimiser(
         undecided[left[bound >= best]] = False
         left, bound = left[bound < best], bound[bound < best]
         if left.size == 0:
-            return inclusion
+            return
         spread = left[np.linspace(0, left.size - 1, min(PREFIX_BATCH, left.size)).astype(np.int64)]
         chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
 

@@ -351,7 +351,7 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.
 
     ``n = 2``: the exact :math:`O(V)` formula on every prefix. ``n >= 3``: bounds from the exact :math:`Q_2`
     discard prefixes that cannot be minimisers, and :func:`theory._wor.wor_prefix_minimiser` evaluates the
-    quadrature on as few of the others as it needs, row by row. Given the first ``j`` draws in ``H`` with
+    quadrature on as few of the others as it needs (rows without such a candidate cost no Python step). Given the first ``j`` draws in ``H`` with
     drawn mass ``D``, the next draw stays in ``H`` with probability :math:`(x - D)/(1 - D) = 1 - s/(s + x - D)`,
     decreasing in ``D``; ``D`` is at most :math:`\min(j\,m, T_j, x)` with ``m`` the largest ``q`` in ``H`` and
     :math:`T_j` the sum of the ``j`` largest ``q`` of the row. So
@@ -376,12 +376,7 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.
             lower *= np.where(room > 0, 1.0 - suffix / (suffix + room), 0.0)
     best_upper = (target_mass - lower).min(axis=-1, keepdims=True)
     candidates = target_mass - upper <= best_upper + 1e-10  # slack for round-off in the bounds
-    return np.stack(
-        [
-            wor_prefix_minimiser(*row, n, wanted, bound)
-            for *row, wanted, bound in zip(target_mass, q_sorted, suffix, candidates, upper, strict=True)
-        ]
-    )
+    return wor_prefix_minimiser(target_mass, q_sorted, suffix, n, candidates, upper)
 
 
 def _top_tokens_batched(q: np.ndarray, count: int) -> np.ndarray:

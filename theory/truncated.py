@@ -25,7 +25,7 @@ greedy, spechub verifiers              exact at both ends (given the top ``n - 1
 optimal verifier                       the :math:`\alpha^*_{iid}` interval
 rrs, kseq, nss, naive                  ``low`` exact when the tails fit disjointly, else a valid bound;
                                        ``high`` a valid upper bound
-rrs_wor                                valid outer bounds (``low``: the i.i.d. RRS low)
+rrs_wor                                valid outer bounds (``low``: the first-rejection bound)
 =====================================  ===========================================================
 
 The verifiers' intervals are in :mod:`theory.truncated_verifiers` (re-exported here).

@@ -42,6 +42,9 @@ __all__ = ["verifier_acceptance_interval"]
 KSEQ_BISECTION_STEPS = 80
 #: K-SEQ's validity tolerance, the same as the dense verifier's (so the pessimistic value matches it exactly).
 KSEQ_TOLERANCE = 1e-13
+#: Logged draft tokens whose without-replacement gain enters the rrs_wor low (:func:`_rrs_wor_low`); any subset
+#: gives a valid bound, the tokens of largest rejection weight carry almost all of it.
+RRS_WOR_GAIN_TOKENS = 8
 
 
 class _Curves:
@@ -56,6 +59,10 @@ class _Curves:
     def low(self, scale: np.ndarray) -> np.ndarray:
         r""":math:`h_A(s) = \sum_A \min(p, s q)` (every completion's ``h`` exceeds it by a non-decreasing function)."""
         return np.minimum(self.p_both, scale[:, None] * self.q_both).sum(axis=1)
+
+    def low_many(self, scale: np.ndarray) -> np.ndarray:
+        r""":math:`h_A` at several points per row, ``scale`` (B, G) -> (B, G)."""
+        return np.minimum(self.p_both[:, None, :], scale[:, :, None] * self.q_both[:, None, :]).sum(axis=2)
 
     def beta_low(self, rho: np.ndarray) -> np.ndarray:
         r""":math:`h_A(\rho)/\rho` written as :math:`\sum_A \min(p/\rho, q)`, the dense K-SEQ's own arithmetic."""
@@ -85,6 +92,38 @@ def _rrs_bounds(curves: _Curves, n: int):
         total = total + reach
         reach = 1.0 - curves.low(total)
     return curves.low(total), curves.high(total)
+
+
+def _rrs_wor_low(curves: _Curves, n: int, overlap_low: np.ndarray) -> np.ndarray:
+    r"""RRS without replacement: a certified low that keeps the gain of the first rejected draft.
+
+    For every completion (docs/truncated_logs.md, section 4, Lemma F) the acceptance is at least
+    :math:`\sum_x \pi_x V(\kappa_x)`, :math:`\pi_x = (q - p)_+(x)/(1 - r)` the law of the first rejected draft,
+    :math:`\kappa_x = 1 - q(x)` and :math:`V(\kappa) = h_A(U_n)` with :math:`U_1 = 1`,
+    :math:`U_{j+1} = U_j + (1 - h_A(U_j))/\kappa`. :math:`V` is non-increasing in :math:`\kappa` and
+    :math:`V(1) = h_A(S_{n+1})` is the i.i.d. RRS low, so dropping any ``x`` keeps a bound: this sums the
+    :data:`RRS_WOR_GAIN_TOKENS` logged ``q`` tokens of largest certain rejection weight
+    :math:`w_x \le (q - p)_+(x)` (``q - p`` on ``A``, :math:`q - \min(a, r_p)` on :math:`B_q`), with
+    :math:`\pi_x \ge w_x/(1 - \beta_{low})`.
+    """
+    s = curves.s
+    rows = len(s)
+    cap = np.minimum(s.p_cap, s.p_rest)[:, None]
+    weight = np.where(s.known_q, np.maximum(s.q - np.where(s.known_p, s.p, cap), 0.0), 0.0)
+    count = min(RRS_WOR_GAIN_TOKENS, weight.shape[1])
+    chosen = np.argsort(-weight, axis=1, kind="stable")[:, :count]
+    weight = np.take_along_axis(weight, chosen, axis=1)
+    kappa = 1.0 - np.take_along_axis(s.q, chosen, axis=1)
+    kappa = np.where(weight > 0, np.maximum(kappa, np.finfo(float).tiny), 1.0)
+    rest = 1.0 - overlap_low
+    share = np.where(rest[:, None] > 0, weight / np.where(rest > 0, rest, 1.0)[:, None], 0.0)
+    kappa = np.concatenate([np.ones((rows, 1)), kappa], axis=1)  # column 0: V(1)
+    reach = np.ones_like(kappa)  # U_j
+    for _ in range(n - 1):
+        reach = reach + (1.0 - curves.low_many(reach)) / kappa
+    value = curves.low_many(reach)
+    gain = np.maximum(value[:, 1:] - value[:, :1], 0.0)  # V(kappa) >= V(1) holds exactly; clip round-off
+    return value[:, 0] + (np.minimum(share, 1.0) * gain).sum(axis=1)
 
 
 def _kseq_value(beta, n: int, rows: int, upper: bool) -> np.ndarray:
@@ -187,7 +226,7 @@ def verifier_acceptance_interval(
       optimum, Hu et al. ICLR 2025, arXiv:2502.18779).
     * ``"optimal"``: its acceptance is :math:`\alpha^*_{iid}`: :func:`theory.truncated.optimal_acceptance_interval`.
     * ``"rrs"``: :math:`[h_A(S_{n+1}),\, \min(h_+(S_{n+1}), \text{high}(\alpha^*_{iid}))]` (:func:`_rrs_bounds`);
-      ``"rrs_wor"``: the same low (RRS without replacement accepts at least RRS), high of
+      ``"rrs_wor"``: the first-rejection low (:func:`_rrs_wor_low`, at least RRS's low), high of
       :math:`\alpha^*_{wor}`; ``"kseq"``: its value on :math:`h_A` and on :math:`h_+` (:func:`_kseq_bounds`),
       the high capped by :math:`\alpha^*_{iid}`'s; each low also at least :math:`\sum\min(p, q)`'s low.
     * ``"nss"``: :func:`_nss_bounds`; ``"naive"``: :func:`_naive_low` to :math:`\alpha^*_{iid}`'s high.
@@ -218,9 +257,11 @@ def verifier_acceptance_interval(
     fits = _needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged
     exact_low = fits.copy()
     if name in ("rrs", "rrs_wor", "kseq"):
-        lower, upper = (_kseq_bounds if name == "kseq" else _rrs_bounds)(_Curves(s), n)
+        curves = _Curves(s)
+        lower, upper = (_kseq_bounds if name == "kseq" else _rrs_bounds)(curves, n)
         lower = np.maximum(lower, bound("overlap").low)
-        if name == "rrs_wor":  # the i.i.d. RRS low holds (RRS wor accepts more), its high does not
+        if name == "rrs_wor":  # the i.i.d. RRS low plus the first rejection's gain; its high is alpha*_wor's
+            lower = np.maximum(lower, _rrs_wor_low(curves, n, bound("overlap").low))
             upper = bound("wor").high.copy()
             exact_low[:] = False
         else:

@@ -235,3 +235,103 @@ def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
     q = np.random.default_rng(105).dirichlet(np.full(8, 0.5))
     quadrature = wor.wor_prefix_inclusion(q[None], suffix_sums(q)[None], 5)[0]
     assert np.max(np.abs(quadrature - exact_prefix_inclusion(q, 5))) > 1e-9
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The batched branch and bound against the former one-row-per-call version
+
+
+def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound):
+    """The former per-row ``wor_prefix_minimiser`` (one Python call per row), kept here as the oracle."""
+    inclusion = np.full(suffix.shape, np.nan)
+    inclusion[candidates & (suffix <= 0)] = 1.0
+    inclusion[:n][candidates[:n]] = 0.0
+    needed = candidates & (suffix > 0)
+    needed[:n] = False
+    reads = np.flatnonzero(needed)
+    if reads.size == 0:
+        return inclusion
+    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads)
+    evaluated = np.zeros(reads.size, dtype=bool)
+    undecided = np.ones(reads.size, dtype=bool)
+    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, 64).astype(np.int64), reads.size - 1])
+    while True:
+        inclusion[reads[chosen]] = evaluate(reads[chosen])
+        evaluated[chosen], undecided[chosen] = True, False
+        best = np.nanmin(target_mass - inclusion)
+        left = np.flatnonzero(undecided)
+        done = reads[evaluated]
+        following = done[np.searchsorted(done, reads[left])]
+        bound = target_mass[reads[left]] - np.minimum(inclusion_bound[reads[left]], inclusion[following])
+        undecided[left[bound >= best]] = False
+        left, bound = left[bound < best], bound[bound < best]
+        if left.size == 0:
+            return inclusion
+        spread = left[np.linspace(0, left.size - 1, min(64, left.size)).astype(np.int64)]
+        chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
+
+
+@st.composite
+def minimiser_batches(draw):
+    """Batches of rows in ratio order with degenerate rows mixed in: zero-mass tokens, a token holding almost
+    all the mass, a complement mass that reaches 0 before the end, no candidates, every candidate, tiny V."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rows, vocab, n = draw(st.integers(1, 6)), draw(st.integers(1, 60)), draw(st.integers(2, 8))
+    rng = np.random.default_rng(seed)
+    q = rng.dirichlet(np.full(vocab, draw(st.sampled_from([0.05, 0.5, 3.0]))), size=rows)
+    kind = draw(
+        st.lists(st.sampled_from(["plain", "zeros", "spike", "tail_zero"]), min_size=rows, max_size=rows)
+    )
+    for row, how in enumerate(kind):
+        if how == "zeros":
+            q[row, rng.random(vocab) < 0.5] = 0.0
+        elif how == "spike":
+            q[row] = 1e-12
+            q[row, rng.integers(vocab)] = 1.0
+        elif how == "tail_zero":
+            q[row, vocab // 2 :] = 0.0
+        if q[row].sum() == 0:
+            q[row, 0] = 1.0
+        q[row] /= q[row].sum()
+    suffix = np.zeros((rows, vocab + 1))
+    suffix[:, :-1] = np.cumsum(q[:, ::-1], axis=1)[:, ::-1]
+    target = np.concatenate(
+        [np.zeros((rows, 1)), np.cumsum(rng.dirichlet(np.ones(vocab), size=rows), axis=1)], 1
+    )
+    share = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    candidates = rng.random((rows, vocab + 1)) < share
+    bound = np.minimum(1.0, (1.0 - suffix) * rng.uniform(0.0, 1.5, size=(rows, vocab + 1)))
+    return target, q, suffix, n, candidates, bound
+
+
+@given(minimiser_batches())
+def test_batched_minimiser_equals_the_one_row_version_bit_for_bit(batch):
+    target, q, suffix, n, candidates, bound = batch
+    batched = wor_prefix_minimiser(target, q, suffix, n, candidates, bound)
+    expected = np.stack(
+        [
+            one_row_minimiser(*row, n, c, b)
+            for *row, c, b in zip(target, q, suffix, candidates, bound, strict=True)
+        ]
+    )
+    np.testing.assert_array_equal(batched, expected)  # NaN in the same places, every value identical
+    single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0])
+    np.testing.assert_array_equal(single, expected[0])
+
+
+def test_batched_minimiser_oracle_comparison_can_fail():
+    # Negative control: a batch whose rows are shuffled against the oracle's must differ somewhere.
+    rng = np.random.default_rng(3)
+    q = rng.dirichlet(np.full(40, 0.3), size=3)
+    suffix = np.zeros((3, 41))
+    suffix[:, :-1] = np.cumsum(q[:, ::-1], axis=1)[:, ::-1]
+    target = np.concatenate([np.zeros((3, 1)), np.cumsum(rng.dirichlet(np.ones(40), size=3), axis=1)], 1)
+    candidates, bound = np.ones((3, 41), dtype=bool), np.ones((3, 41))
+    batched = wor_prefix_minimiser(target, q, suffix, 4, candidates, bound)
+    shuffled = np.stack(
+        [
+            one_row_minimiser(target[i], q[j], suffix[j], 4, candidates[i], bound[i])
+            for i, j in enumerate([1, 2, 0])
+        ]
+    )
+    assert not np.array_equal(batched, shuffled, equal_nan=True)

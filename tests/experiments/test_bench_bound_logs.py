@@ -1,0 +1,47 @@
+"""The bound-logs benchmark's in-process path and its argument checks (the cluster runs are the benchmark itself)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.bench_bound_logs import lm_rows, main, make_shards
+from experiments.logformat import LogShard
+
+
+def test_cpu_only_run_writes_positive_rates_for_each_wor_low(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = [
+        "--cpu-only",
+        "--scale",
+        "0.002",
+        "--cases",
+        "top-20",
+        "--wor-low",
+        "iid",
+        "dust",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    rates = json.loads(out.read_text())["cpu"]
+    assert set(rates) == {"top-20, wor_low=iid", "top-20, wor_low=dust"}
+    assert rates["top-20, wor_low=iid"]["positions"] == 40
+    assert all(rate["positions_per_cpu_s"] > 0 for rate in rates.values())
+
+
+@pytest.mark.parametrize("flag", ["--scale", "--shards", "--rounds", "--workers"])
+def test_non_positive_sizes_are_refused(tmp_path, flag):
+    with pytest.raises(SystemExit) as error:
+        main(["--cpu-only", flag, "0", "--out", str(tmp_path / "x.json")])
+    assert error.value.code != 0
+
+
+def test_shards_are_top_k_logs_of_the_requested_size(tmp_path):
+    rng = np.random.default_rng(0)
+    pool = (*lm_rows(rng, 4, vocab=300), rng)
+    make_shards(tmp_path, 2, 7, 20, pool)
+    shards = sorted(tmp_path.glob("*.npz"))
+    assert len(shards) == 2
+    shard = LogShard.open(str(shards[0]))
+    assert shard.kind == "topk" and shard.rows == 7 and shard.vocab_size == 300
