@@ -230,7 +230,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``attention_mask``: shape (T, slots), additive (0 or -inf) or boolean (``True`` = may attend), or
         ``None`` when every query sees every slot; ``slots`` defaults to the mask's width (the drafters that
-        run single layers pass a boolean mask and no ``slots``)."""
+        run single layers pass a boolean mask and no ``slots``), or a tuple from :func:`visible_slots`."""
         if slots is None:
             if attention_mask is None:
                 raise ValueError("slots is needed when attention_mask is None")
@@ -243,6 +243,9 @@ class Attention(nn.Module):
         qk = qk * cos + rotate_half(qk) * sin
         q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         self.kv_cache.write(cache_positions, k, v)
+        if isinstance(attention_mask, tuple):
+            out = self._rowwise(q, attention_mask)
+            return self.wo(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
         keys = self.kv_cache.k[:, :, :slots]
         values = self.kv_cache.v[:, :, :slots]
         # Query head h reads key/value head h // group (Hugging Face's repeat_kv), without copying K/V.
@@ -250,6 +253,23 @@ class Attention(nn.Module):
             q, keys, values, attn_mask=attention_mask, enable_gqa=self.n_heads != self.n_kv_heads
         )
         return self.wo(out.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim))
+
+    def _rowwise(self, q: torch.Tensor, rows: tuple) -> torch.Tensor:
+        """Attention one query at a time over exactly the slots it sees (``rows`` from :func:`visible_slots`):
+        the computation of a one-token pass, so the result does not depend on how many tokens share a call."""
+        cache, outs = self.kv_cache, []
+        for t, index in enumerate(rows):
+            keys, values = (
+                (cache.k[:, :, :index], cache.v[:, :, :index])
+                if isinstance(index, int)
+                else (cache.k[:, :, index], cache.v[:, :, index])
+            )
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, t : t + 1], keys, values, enable_gqa=self.n_heads != self.n_kv_heads
+                )
+            )
+        return torch.cat(outs, dim=2)
 
     def allocate_cache(self, batch_size: int, slots: int, *, like: torch.Tensor) -> None:
         """Give this layer a zeroed :class:`KVCache` of ``slots`` slots on the device and dtype of ``like``."""
@@ -308,6 +328,16 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def visible_slots(mask: torch.Tensor) -> tuple:
+    """Per query row of an additive mask (0 = may attend): the number of slots when they are ``0 .. k-1``,
+    else the LongTensor of visible slots in slot order (a tree node's ancestors)."""
+    rows = []
+    for row in mask == 0:
+        index = row.nonzero().flatten()
+        rows.append(index.numel() if int(index[-1]) == index.numel() - 1 else index)
+    return tuple(rows)
+
+
 def _align_parameters(module: nn.Module, incompatible_keys) -> None:
     """Copy loaded parameters that do not start on a 64-byte boundary (e.g. from a safetensors buffer).
 
@@ -348,6 +378,9 @@ class Transformer(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # A replacement for layers_and_head (the compiled step of executor.compiled); None runs it eagerly.
         self.step = None
+        # Attention one query at a time (Attention._rowwise) when a call has several tokens: each row's logits
+        # are then bitwise those of a one-token pass, which a quantised model's bfloat16 roundings need.
+        self.rowwise_attention = False
         # Weight-only quantisation (executor.quantize): the scheme name, the int8 LM head, and the fingerprint
         # of the float weights it was made from. None for a float model.
         self.quantization: str | None = None
@@ -433,8 +466,11 @@ class Transformer(nn.Module):
         """The tensor work of :meth:`forward` after the embedding: ``n_layers`` layers, final norm, LM head.
 
         Returns ``(logits, hidden)``. :func:`executor.compiled.compile_model` sets ``self.step`` to a compiled
-        version of this method, which :meth:`forward` then calls instead.
+        version of this method, which :meth:`forward` then calls instead. With ``rowwise_attention`` the mask
+        becomes :func:`visible_slots` (one attention call per query row).
         """
+        if self.rowwise_attention and isinstance(mask, torch.Tensor):
+            mask = visible_slots(mask)
         for layer in self.layers[:n_layers]:
             x = layer(x, cos, sin, cache_positions, mask, slots)
         return self.lm_head(self.norm(x)).float().contiguous(), x

@@ -33,26 +33,31 @@ activations, norms, RoPE, attention and KV cache stay in the model's dtype (``dt
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
     "QUANTIZE_NAMES",
     "Int8Linear",
+    "Q41Linear",
+    "int4_unsupported_reason",
     "int8_linear",
     "int8_unsupported_reason",
+    "q4_1_blocks",
     "quantize_int8",
     "quantize_model",
     "resolve_quantize",
 ]
 
-#: The ``quantize=`` values (and ``--quantize`` choices): ``"none"`` keeps float weights.
-QUANTIZE_NAMES = ("none", "int8")
+#: The ``quantize=`` values (and ``--quantize`` choices): ``"none"`` keeps float weights; ``"q4_1"`` keeps the
+#: GGUF file's own Q4_1 blocks (:class:`Q41Linear`).
+QUANTIZE_NAMES = ("none", "int8", "q4_1")
 
 _PROBED: dict[str, str | None] = {}
 
 
 def resolve_quantize(quantize: str | None, *, name: str = "quantize") -> str | None:
-    """``None`` or ``"none"`` -> ``None`` (float weights); ``"int8"`` -> ``"int8"``; ``ValueError`` otherwise."""
+    """``None`` or ``"none"`` -> ``None`` (float weights); ``"int8"``/``"q4_1"`` as given; ``ValueError`` otherwise."""
     if quantize is None or quantize == "none":
         return None
     if isinstance(quantize, str) and quantize in QUANTIZE_NAMES:
@@ -138,17 +143,159 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row"
 
 
-def quantize_model(model, quantize: str = "int8"):
+Q4_1_GROUP = 32  # weights per Q4_1 block (ggml's QK4_1)
+_Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of 4-bit q
+_INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs rows in groups of 16
+
+
+def q4_1_blocks(raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode GGUF Q4_1 data, uint8 (rows, in / 32 * 20): ``(q uint8 (rows, in), d, m float16 (rows, in / 32))``.
+
+    A block is ggml's ``block_q4_1``: float16 ``d``, float16 ``m``, then 16 bytes whose low nibbles are weights
+    0-15 and high nibbles weights 16-31; weight :math:`w = d\\,q + m` (:func:`q4_1_dequantize`).
+    """
+    import numpy as np
+
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] % _Q4_1_BYTES:
+        raise ValueError(f"raw must be uint8 Q4_1 rows of a multiple of {_Q4_1_BYTES} bytes, got {raw.shape}")
+    rows, groups = raw.shape[0], raw.shape[1] // _Q4_1_BYTES
+    blocks = raw.reshape(rows, groups, _Q4_1_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    packed = blocks[..., 4:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, groups * Q4_1_GROUP)
+    return torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(m.copy())
+
+
+def q4_1_dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """:math:`w = d\\,q + m` per block of 32, in float32 (ggml's ``dequantize_row_q4_1``)."""
+    scale = d.float().repeat_interleave(Q4_1_GROUP, dim=1)
+    return q.float() * scale + m.float().repeat_interleave(Q4_1_GROUP, dim=1)
+
+
+def int4_unsupported_reason(device: str | torch.device = "cpu") -> str | None:
+    """Why the Q4_1 path (``_weight_int4pack_mm_for_cpu``) cannot run on ``device``, or ``None`` (probed once)."""
+    device = torch.device(device)
+    key = f"int4:{device.type}"
+    if key not in _PROBED:
+        if device.type != "cpu":
+            _PROBED[key] = "_weight_int4pack_mm_for_cpu is a CPU kernel"
+        else:
+            try:
+                q = torch.full((_INT4_ROWS, Q4_1_GROUP), 9, dtype=torch.int32)
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                pairs = torch.tensor([0.5, 1.0]).expand(1, _INT4_ROWS, 2).contiguous()  # w = (9 - 8) 0.5 + 1
+                out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    torch.ones(1, Q4_1_GROUP), packed, Q4_1_GROUP, pairs
+                )
+                ok = out.shape == (1, _INT4_ROWS) and bool((out == 48.0).all())
+                _PROBED[key] = None if ok else "_weight_int4pack_mm_for_cpu gives wrong results"
+            except (AttributeError, RuntimeError, NotImplementedError) as error:
+                first = (str(error).splitlines() or [type(error).__name__])[0]
+                _PROBED[key] = f"_weight_int4pack_mm_for_cpu is not available: {first}"
+    return _PROBED[key]
+
+
+def unsupported_reason(scheme: str, device: str | torch.device) -> str | None:
+    """The probe of ``scheme``'s kernel (:func:`int8_unsupported_reason`, :func:`int4_unsupported_reason`)."""
+    return int4_unsupported_reason(device) if scheme == "q4_1" else int8_unsupported_reason(device)
+
+
+class Q41Linear(nn.Module):
+    """A bias-free linear layer on a GGUF file's own Q4_1 blocks, through ``_weight_int4pack_mm_for_cpu``.
+
+    The kernel multiplies by :math:`(q - 8)\\,s + z` per group of 32 (gpt-fast's int4 format); a Q4_1 block
+    :math:`w = d\\,q + m` is that with :math:`s = d` and :math:`z = m + 8d`. ``s`` and ``z`` are stored in the
+    activations' ``dtype``. In float32 ``d`` is exact and, whenever :math:`m + 8d` is exact in float32 (every
+    block of the embedded SmolLM2 file), the kernel's weight :math:`(q - 8)\\,d + (m + 8d)` is the one rounding
+    of the same real number as ggml's :math:`d\\,q + m`: bitwise the weights ``gguf.quants.dequantize`` gives.
+    In bfloat16, ``s`` and ``z`` are rounded to bfloat16.
+    Rows are padded with zeros to a multiple of 16 (the kernel's packing).
+    """
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype=torch.float32) -> None:
+        super().__init__()
+        rows, columns = q.shape
+        if columns % Q4_1_GROUP or d.shape != (rows, columns // Q4_1_GROUP) or m.shape != d.shape:
+            raise ValueError(
+                f"q, d, m must be (out, in), (out, in / 32) x 2, got {q.shape}, {d.shape}, {m.shape}"
+            )
+        pad = -rows % _INT4_ROWS
+        q = F.pad(q.to(torch.int32), (0, 0, 0, pad))
+        d, m = (F.pad(t.float(), (0, 0, 0, pad)) for t in (d, m))
+        self.in_features, self.out_features = columns, rows
+        self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        # (in / 32, out, 2): the kernel's scales_and_zeros layout.
+        pairs = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", pairs.to(dtype))
+
+    def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        weight, pairs = self.weight, self.scales_and_zeros
+        if rows is not None and rows.step is None and not (rows.start or 0) % _INT4_ROWS:
+            weight, pairs = weight[rows], pairs[:, rows]
+            rows = slice(0, (rows.stop or self.out_features) - (rows.start or 0))
+        flat = x.reshape(-1, x.shape[-1]).to(pairs.dtype).contiguous()
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, Q4_1_GROUP, pairs)
+        out = out[:, : self.out_features] if rows is None else out[:, rows]
+        return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight (out, in) the kernel multiplies by (one product with the identity)."""
+        eye = torch.eye(self.in_features, dtype=self.scales_and_zeros.dtype)
+        return self(eye).float().T.contiguous()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_1 blocks of 32"
+
+
+def _q4_1_layers(model, blocks: dict) -> int:
+    """Swap every linear layer whose weights the file stores as Q4_1 for a :class:`Q41Linear`; returns the count."""
+    dtype = model.tok_embeddings.weight.dtype
+
+    def fused(names):
+        if not all(name in blocks for name in names):
+            return None
+        q, d, m = (torch.cat([blocks[name][i] for name in names]) for i in range(3))
+        return Q41Linear(q, d, m, dtype)
+
+    swapped = 0
+    for i, layer in enumerate(model.layers):
+        prefix = f"layers.{i}."
+        for owner, attribute, parts in (
+            (layer.attention, "wqkv", ("wq", "wk", "wv")),
+            (layer.attention, "wo", ("wo",)),
+            (layer.feed_forward, "w13", ("w1", "w3")),
+            (layer.feed_forward, "w2", ("w2",)),
+        ):
+            module = "attention." if owner is layer.attention else "feed_forward."
+            made = fused([f"{prefix}{module}{part}.weight" for part in parts])
+            if made is not None:
+                setattr(owner, attribute, made)
+                swapped += 1
+    head = "tok_embeddings.weight" if model.output is None else "output.weight"
+    if head in blocks:
+        model.quantized_head = Q41Linear(*blocks[head], dtype)
+        swapped += 1
+    return swapped
+
+
+def quantize_model(model, quantize: str = "int8", *, blocks: dict | None = None):
     """Quantise ``model`` (an :class:`executor.model.Transformer`) in place; returns it.
 
-    The layers' ``wqkv``, ``wo``, ``w13``, ``w2`` become :class:`Int8Linear`; ``model.quantized_head`` holds an
-    int8 copy of the LM head (used by :meth:`~executor.model.Transformer.lm_head`); the embedding, norms and
-    activations keep their dtype. ``model.quantization`` becomes ``"int8"``, and ``model.source_fingerprint``
-    keeps :func:`executor.training.model_fingerprint` of the float weights, so trained drafters cached for the
-    float model are found for its int8 version (same weights, quantised).
+    ``"int8"``: the layers' ``wqkv``, ``wo``, ``w13``, ``w2`` become :class:`Int8Linear` and
+    ``model.quantized_head`` an int8 copy of the LM head. ``"q4_1"``: every linear layer (and the LM head) whose
+    weights ``blocks`` holds as Q4_1 (``{state-dict name: (q, d, m)}`` from :func:`q4_1_blocks`, as
+    :func:`executor.weights.load_model` reads them from a GGUF file) becomes a :class:`Q41Linear`; the others
+    stay as they are. The embedding, norms and activations keep their dtype. ``model.quantization`` becomes the
+    scheme, and ``model.source_fingerprint`` keeps :func:`executor.training.model_fingerprint` of the float
+    weights, so trained drafters cached for the float model are found for its quantised version.
 
-    Raises ``ValueError`` for an unknown ``quantize``, an already quantised model, or a device/torch without
-    the int8 kernel (one line saying why).
+    An int8 model attends one query row at a time (``model.rowwise_attention``): its bfloat16 roundings would
+    otherwise turn the float32 round-off between a one-token and an n-token pass into different logits.
+
+    Raises ``ValueError`` for an unknown ``quantize``, an already quantised model, ``"q4_1"`` without Q4_1
+    ``blocks``, or a device/torch without the kernel (one line saying why).
     """
     from executor.model import Transformer
     from executor.training.checkpoint import model_fingerprint
@@ -161,21 +308,31 @@ def quantize_model(model, quantize: str = "int8"):
     if model.quantization is not None:
         raise ValueError(f"model is already quantised ({model.quantization})")
     device = model.tok_embeddings.weight.device
-    reason = int8_unsupported_reason(device)
+    reason = unsupported_reason(scheme, device)
     if reason is not None:
         raise ValueError(
-            f"quantize='int8' is not supported on {device.type} with torch {torch.__version__}: {reason}"
+            f"quantize={scheme!r} is not supported on {device.type} with torch {torch.__version__}: {reason}"
+        )
+    if scheme == "q4_1" and not blocks:
+        raise ValueError(
+            "blocks must hold the Q4_1 tensors of a GGUF file for quantize='q4_1' (it keeps the file's own "
+            "4-bit blocks; load_model(source, quantize='q4_1') reads them)"
         )
     fingerprint = model_fingerprint(model)
     with torch.no_grad():
-        for layer in model.layers:
-            attention, feed_forward = layer.attention, layer.feed_forward
-            attention.wqkv = Int8Linear(attention.wqkv.weight)
-            attention.wo = Int8Linear(attention.wo.weight)
-            feed_forward.w13 = Int8Linear(feed_forward.w13.weight)
-            feed_forward.w2 = Int8Linear(feed_forward.w2.weight)
-        head = model.tok_embeddings.weight if model.output is None else model.output.weight
-        model.quantized_head = Int8Linear(head)
+        if scheme == "q4_1":
+            _q4_1_layers(model, blocks)
+        else:
+            for layer in model.layers:
+                attention, feed_forward = layer.attention, layer.feed_forward
+                attention.wqkv = Int8Linear(attention.wqkv.weight)
+                attention.wo = Int8Linear(attention.wo.weight)
+                feed_forward.w13 = Int8Linear(feed_forward.w13.weight)
+                feed_forward.w2 = Int8Linear(feed_forward.w2.weight)
+            head = model.tok_embeddings.weight if model.output is None else model.output.weight
+            model.quantized_head = Int8Linear(head)
+    # bfloat16 roundings (the int8 kernel's, or bfloat16 activations) need one attention call per query row.
+    model.rowwise_attention = scheme == "int8" or model.tok_embeddings.weight.dtype != torch.float32
     model.quantization = scheme
     model.source_fingerprint = fingerprint
     return model

@@ -22,7 +22,7 @@ import torch
 
 from executor.device import default_device, resolve_dtype
 from executor.model import ModelConfig, Transformer
-from executor.quantize import int8_unsupported_reason, quantize_model, resolve_quantize
+from executor.quantize import q4_1_blocks, quantize_model, resolve_quantize, unsupported_reason
 from executor.tokenizer import Tokenizer
 
 __all__ = [
@@ -138,6 +138,17 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], d
     Quantized tensors are dequantized with ``gguf.quants.dequantize``; query and key rows are un-permuted
     (see :func:`_unpermute_rope_rows`).
     """
+    return _read_gguf(path)[:3]
+
+
+def read_gguf_q4_1(path: str | Path):
+    """:func:`read_gguf` plus the tensors stored as Q4_1, undecoded: ``{our name: (q, d, m)}``
+    (:func:`executor.quantize.q4_1_blocks`, query/key rows un-permuted like the float weights)."""
+    return _read_gguf(path, keep_q4_1=True)
+
+
+def _read_gguf(path, keep_q4_1: bool = False):
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     path = Path(path)
@@ -174,19 +185,24 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], d
     )
     if metadata.get("llama.rope.scaling.type", "none") not in ("none", None):
         raise ValueError(f"source {str(path)!r}: RoPE scaling is not supported")
-    state = {}
+    state, blocks = {}, {}
     for ours, theirs in _parameter_names(config, _GGUF).items():
         if theirs not in tensors:
             raise ValueError(f"source {str(path)!r} lacks the tensor {theirs!r}")
         tensor = tensors[theirs]
         weight = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(reversed(tensor.shape.tolist())))
-        if ours.endswith("wq.weight"):
-            weight = _unpermute_rope_rows(weight, config.n_heads)
-        elif ours.endswith("wk.weight"):
-            weight = _unpermute_rope_rows(weight, config.n_kv_heads)
+        heads = {"wq": config.n_heads, "wk": config.n_kv_heads}.get(ours.split(".")[-2])
+        if heads is not None:
+            weight = _unpermute_rope_rows(weight, heads)
         # A copy: unquantized tensors are read-only views of the memory-mapped file.
         state[ours] = torch.from_numpy(np.array(weight, dtype=np.float32))
-    return config, state, metadata
+        if keep_q4_1 and tensor.tensor_type == GGMLQuantizationType.Q4_1:
+            raw = tensor.data.reshape(weight.shape[0], -1)
+            parts = [p.numpy() for p in q4_1_blocks(raw)]
+            if heads is not None:
+                parts = [_unpermute_rope_rows(p, heads) for p in parts]
+            blocks[ours] = tuple(torch.from_numpy(np.ascontiguousarray(p)) for p in parts)
+    return config, state, metadata, blocks
 
 
 # --- Hugging Face safetensors -------------------------------------------------------------------------------
@@ -332,9 +348,10 @@ def load_model(
         products (avx512_bf16 or AMX), float32 otherwise. With ``quantize``, the dtype of the activations,
         norms, embedding and KV cache.
     quantize : str, optional
-        ``None``/``"none"`` (float weights) or ``"int8"``: weight-only int8 linear layers and LM head
-        (:func:`executor.quantize.quantize_model`). The int8 model is then the target that decoders are
-        lossless for. ``ValueError`` where the int8 kernel is missing.
+        ``None``/``"none"`` (float weights), ``"int8"`` (weight-only int8 linear layers and LM head) or
+        ``"q4_1"`` (a GGUF source only: the layers the file stores as Q4_1 keep its 4-bit blocks), see
+        :func:`executor.quantize.quantize_model`. The quantised model is then the target that decoders are
+        lossless for. ``ValueError`` where the kernel is missing, or for ``"q4_1"`` without Q4_1 tensors.
 
     Returns
     -------
@@ -345,15 +362,23 @@ def load_model(
     device = torch.device(device) if device is not None else default_device()
     dtype = resolve_dtype(dtype, device)
     scheme = resolve_quantize(quantize)
-    if scheme is not None and (reason := int8_unsupported_reason(device)) is not None:
-        raise ValueError(f"quantize={scheme!r} is not supported on {device.type}: {reason}")
+    if scheme is not None and (reason := unsupported_reason(scheme, device)) is not None:
+        fallback = " (quantize='none' runs the same Q4_1 weights dequantised)" if scheme == "q4_1" else ""
+        raise ValueError(f"quantize={scheme!r} is not supported on {device.type}: {reason}{fallback}")
     path = _resolve_source(source)
+    blocks = None
     if path.is_dir():
+        if scheme == "q4_1":
+            raise ValueError(
+                f"quantize='q4_1' keeps a GGUF file's Q4_1 blocks; source {str(path)!r} is not GGUF"
+            )
         config, state = read_safetensors(path)
         tokenizer = Tokenizer.from_directory(path)
     else:
-        config, state, metadata = read_gguf(path)
+        config, state, metadata, blocks = _read_gguf(path, keep_q4_1=scheme == "q4_1")
         tokenizer = Tokenizer.from_gguf_metadata(metadata)
+        if scheme == "q4_1" and not blocks:
+            raise ValueError(f"quantize='q4_1': source {str(path)!r} stores no tensor as Q4_1")
     # Build on the meta device (no random initialisation of weights about to be replaced), then adopt ours.
     with torch.device("meta"):
         model = Transformer(config)
@@ -362,5 +387,5 @@ def load_model(
     )
     model.requires_grad_(False).eval()
     if scheme is not None:
-        quantize_model(model, scheme)
+        quantize_model(model, scheme, blocks=blocks)
     return model, tokenizer

@@ -30,15 +30,16 @@ def add_dtype_argument(parser) -> None:
 
 #: ``--quantize`` choices: :data:`executor.quantize.QUANTIZE_NAMES`, repeated so that building the parser does
 #: not import torch (a test checks that the two agree).
-QUANTIZE_CHOICES = ("none", "int8")
+QUANTIZE_CHOICES = ("none", "int8", "q4_1")
 
 
 def add_quantize_argument(parser) -> None:
-    """``--quantize none|int8`` for a command that runs a model (see :mod:`executor.quantize`)."""
+    """``--quantize none|int8|q4_1`` for a command that runs a model (see :mod:`executor.quantize`)."""
     parser.add_argument(
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default="none",
-        help="target weights: none (default, the --dtype floats) or int8 (weight-only, per output channel; "
-        "the int8 model is then the target the decoders are lossless for)",
+        help="target weights: none (default, the --dtype floats), int8 (weight-only, per output channel) or "
+        "q4_1 (the GGUF file's own Q4_1 blocks, 4-bit kernel); a quantised model is then the target the "
+        "decoders are lossless for",
     )

@@ -122,10 +122,10 @@ def test_int8_logits_are_near_float_and_the_fingerprint_is_the_float_models(tiny
 
 
 def test_quantize_errors_are_value_errors_naming_the_problem(tiny_model, monkeypatch):
-    assert set(QUANTIZE_NAMES) == {"none", "int8"}
+    assert set(QUANTIZE_NAMES) == {"none", "int8", "q4_1"}
     assert resolve_quantize(None) is None and resolve_quantize("none") is None
-    assert resolve_quantize("int8") == "int8"
-    with pytest.raises(ValueError, match="--quantize must be one of none, int8, got 'int4'"):
+    assert resolve_quantize("int8") == "int8" and resolve_quantize("q4_1") == "q4_1"
+    with pytest.raises(ValueError, match="--quantize must be one of none, int8, q4_1, got 'int4'"):
         resolve_quantize("int4", name="--quantize")
     model = quantize_model(tiny_model(0))
     with pytest.raises(ValueError, match="already quantised"):
@@ -170,6 +170,33 @@ def test_every_greedy_decoder_on_the_int8_model_equals_int8_plain_decoding(tiny_
             result = decoder.generate(prompt, 40)
             assert result.token_ids == reference, name
             assert any(len(step.tokens) > 1 for step in result.steps), name  # it really drafted
+
+
+def test_an_int8_verification_pass_gives_bitwise_the_logits_of_one_token_passes(tiny_model):
+    """rowwise_attention: a chain pass and a tree pass over n tokens equal n one-token passes exactly."""
+    model = int8_tiny(tiny_model, 31, vocab_size=16, max_seq_len=64)
+    assert model.rowwise_attention
+    prompt, chain = [3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8]
+    with torch.no_grad():
+        model(torch.tensor([prompt]), torch.arange(8))
+        batched = model(torch.tensor([chain]), torch.arange(8, 12))[0]
+        single = [model(torch.tensor([[t]]), torch.tensor([8 + i]))[0, 0] for i, t in enumerate(chain)]
+        assert torch.equal(batched, torch.stack(single))
+        # A tree: node 0 is the root, nodes 1 and 2 its children, node 3 a child of 2 (slots 8..11).
+        parents = [-1, 0, 0, 2]
+        mask = torch.zeros(4, 12, dtype=torch.bool)
+        mask[:, :8] = True
+        for node, parent in enumerate(parents):
+            mask[node, 8 + node] = True
+            while parent >= 0:
+                mask[node, 8 + parent], parent = True, parents[parent]
+        depth = torch.tensor([8, 9, 9, 10])
+        tree = model(torch.tensor([chain]), torch.arange(8, 12), positions=depth, attention_mask=mask)[0]
+        # The path 0 -> 2 -> 3 decoded one token at a time, in contiguous slots.
+        path = [
+            model(torch.tensor([[chain[n]]]), torch.tensor([8 + i]))[0, 0] for i, n in enumerate([0, 2, 3])
+        ]
+    assert torch.equal(tree[[0, 2, 3]], torch.stack(path))
 
 
 @pytest.mark.slow  # 1000 generations, like the float decoders' law tests
@@ -224,6 +251,8 @@ def test_int8_smollm_chain_decoders_equal_int8_plain_decoding():
         ):
             output = decoder.generate(prompt, 24).token_ids
             assert len(output) == 24
+            # Row-by-row attention makes every pass's logits those of plain decoding: no tie may break apart.
+            assert output == AutoregressiveDecoder(model).generate(prompt, 24).token_ids
             for index, gap, top in int8_greedy_deviations(model, prompt, output):
                 assert gap <= 2**-7 * abs(top), f"token {index} leaves int8 greedy decoding (gap {gap:.2e})"
     # Negative control: sampled tokens are not argmaxes, and the check says so.
