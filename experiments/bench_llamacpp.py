@@ -9,7 +9,9 @@ Before the timed rounds (:func:`prepare`):
 * **Our prompt-lookup drafter's steps**: our chain decoder with
   :class:`executor.drafters.PromptLookupDrafter` (``max_ngram=2``, llama-cpp-python's rule) and ``K`` draft
   tokens decodes every bench prompt greedily in float32, untimed; per prompt, each step's (drafted,
-  accepted) counts (``OUT.lookup-steps-kK.json``).
+  accepted) counts (``OUT.lookup-steps-kK.json``), and the pooled acceptance by position
+  (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
+  every step drafts K tokens, an upper estimate when lookups find shorter or no matches).
 
 After the rounds (:func:`predictions`): for every weight format and ``K``, the speedup of llama.cpp's prompt
 lookup over its plain decoding predicted by :func:`experiments.peer_predict.held_out_prediction` -- each
@@ -55,6 +57,7 @@ def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, st
 
     from executor.files import write_json
     from experiments.peer_llamacpp import profile_llamacpp
+    from experiments.peer_predict import lookup_model
     from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
 
     measured = profile_llamacpp(
@@ -83,6 +86,8 @@ def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, st
     for lookup in tqdm(config.lookups, desc="our prompt-lookup steps", unit="K"):
         steps[str(lookup)] = lookup_steps(model, prompts, lookup, max_new_tokens)
         write_json({"lookup": lookup, "steps": steps[str(lookup)]}, f"{stem}.lookup-steps-k{lookup}.json")
+        pooled = lookup_model([s for prompt in steps[str(lookup)] for s in prompt], lookup)
+        write_json({"per_position": pooled.alpha.tolist()}, f"{stem}.acceptance-lookup-k{lookup}.json")
     return {"profiles": profiles, "documents": measured, "steps": steps}
 
 
@@ -170,10 +175,15 @@ def render_markdown(section: dict) -> list[str]:
         )
     lines += [
         "",
-        "Each prediction's latency file reproduces with `specbound plan-length --latency FILE` (fixed-K rules):",
+        "llama.cpp's t(n) and our acceptance by position, for `specbound plan-length` (its fixed-K rules assume "
+        "every step drafts K tokens; the prediction above weighs the drafted lengths observed):",
         "",
     ]
-    lines += [f"    {path}" for path in dict.fromkeys(p["latency"] for p in section["predictions"])]
+    lines += [
+        f"    specbound plan-length --latency {p['latency']} "
+        f"--acceptance {p['latency'].split('.latency-')[0]}.acceptance-lookup-k{p['lookup']}.json"
+        for p in section["predictions"]
+    ]
     return lines
 
 

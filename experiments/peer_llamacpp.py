@@ -196,6 +196,8 @@ def profile_llamacpp(
     for llm in llms.values():
         llm.reset()
         llm.eval(context[:-1])
+        if hasattr(llm, "_init_sampler"):  # the greedy sampler chain generate() builds once per generation
+            llm._sampler = llm._init_sampler(temp=0.0, repeat_penalty=1.0)
 
     def target(llm, n):
         llm.n_tokens = committed

@@ -229,6 +229,8 @@ def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     assert (tmp_path / "bench.latency-llamacpp-f32.json").is_file()
     steps = json.loads((tmp_path / "bench.lookup-steps-k2.json").read_text())["steps"]
     assert len(steps) == 3  # one list of steps per prompt
+    alpha = json.loads((tmp_path / "bench.acceptance-lookup-k2.json").read_text())["per_position"]
+    assert len(alpha) == 2 and all(0 <= a <= 1 for a in alpha)
     assert "## llama.cpp on the same weights" in (tmp_path / "bench.md").read_text()
 
 
