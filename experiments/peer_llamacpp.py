@@ -96,6 +96,7 @@ def weights_path(weights: str, *, source: str | os.PathLike | None = None) -> Pa
         )
         if status != 0:
             raise ValueError(f"llama_model_quantize failed ({status}) making {weights} from {source}")
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is an ordinary file
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
