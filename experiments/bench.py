@@ -18,7 +18,10 @@ Summary of a row over all rounds (:func:`summarise`):
 * acceptance by position ``d`` = steps whose accepted path reached depth ``d`` / steps that drafted (vLLM's
   per-position acceptance rate);
 * ``vs_ar`` = tokens/s over our plain decoding (``ar``) in the same dtype and at the same temperature -- the
-  speedup; ``vs_hf_generate`` the same against ``transformers`` ``generate``;
+  speedup; ``vs_hf_generate`` the same against ``transformers`` ``generate``, ``vs_llamacpp`` against
+  llama.cpp's plain decoding (``llamacpp``);
+* ``decode_tokens_per_s`` (rows whose records time their first token: llama.cpp) = tokens after the first
+  over the time after the first token (the prefill left out);
 * at temperature 0, ``agrees_with_ar``: the fraction of rounds whose generated tokens equal ``ar``'s in the
   same dtype (greedy speculative decoding must reproduce plain greedy decoding, up to near-ties in the
   logits); ``None`` at temperature > 0.
@@ -61,9 +64,10 @@ class RowKey:
 
 @dataclass
 class Record:
-    """One runner call. ``steps``/``emitted``/``reached``/``drafting`` are ``None`` for peers (transformers):
-    ``reached[d]`` counts steps whose accepted path reached depth ``d + 1``, ``drafting`` the steps that
-    drafted. ``token_ids`` (our decoders and peers alike) lets greedy rows be compared with ``ar``."""
+    """One runner call. ``steps``/``emitted``/``reached``/``drafting`` are ``None`` for peers (transformers,
+    llama.cpp): ``reached[d]`` counts steps whose accepted path reached depth ``d + 1``, ``drafting`` the steps
+    that drafted. ``token_ids`` (our decoders and peers alike) lets greedy rows be compared with ``ar``.
+    ``first_token_seconds`` (llama.cpp rows): the time to the first token, i.e. the prefill."""
 
     tokens: int
     seconds: float
@@ -72,6 +76,7 @@ class Record:
     reached: list[int] | None = None
     drafting: int | None = None
     token_ids: list[int] = field(default_factory=list)
+    first_token_seconds: float | None = None
 
     @classmethod
     def from_generation(cls, result) -> Record:
@@ -203,7 +208,11 @@ def summarise(done: list[dict[RowKey, Record]]) -> list[dict]:
             "tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
             "tau": None,
             "acceptance_per_position": None,
+            "decode_tokens_per_s": None,
         }
+        if all(r.first_token_seconds is not None and r.tokens > 1 for r in records):
+            decode = sum(r.seconds - r.first_token_seconds for r in records)
+            row["decode_tokens_per_s"] = (tokens - len(records)) / decode if decode > 0 else float("nan")
         if all(r.steps is not None for r in records):
             steps = sum(r.steps for r in records)
             drafting = sum(r.drafting for r in records)
@@ -213,7 +222,11 @@ def summarise(done: list[dict[RowKey, Record]]) -> list[dict]:
             row["acceptance_per_position"] = [count / drafting for count in reached] if drafting else []
         totals[key] = row
     for key, row in totals.items():
-        for name, baseline in (("vs_ar", "ar"), ("vs_hf_generate", "hf-generate")):
+        for name, baseline in (
+            ("vs_ar", "ar"),
+            ("vs_hf_generate", "hf-generate"),
+            ("vs_llamacpp", "llamacpp"),
+        ):
             base = totals.get(RowKey(baseline, key.dtype, key.temperature))
             row[name] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
         ar = RowKey("ar", key.dtype, key.temperature)
@@ -283,6 +296,10 @@ def render_markdown(result: dict) -> str:
             cells = " | ".join(f"{row['median_ms'][d]:.2f}" for d in dtypes)
             ratio = row.get("bfloat16_over_float32")
             lines.append(f"| {row['n']} | {cells} |" + (f" {_number(ratio)} |" if len(dtypes) > 1 else ""))
+    if result.get("llamacpp"):
+        from experiments.bench_llamacpp import render_markdown as render_llamacpp
+
+        lines += render_llamacpp(result["llamacpp"])
     plans = result.get("plans") or []
     if plans:
         lines += [

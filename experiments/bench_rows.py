@@ -9,6 +9,12 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   ``generate(assistant_early_exit=L)`` (LayerSkip self-speculation, Elhoushi et al., ACL 2024,
   arXiv 2404.16710, run as assisted generation). At temperature > 0 they sample (``top_k=0, top_p=1``, so the
   law is the plain softmax, as ours).
+* with ``peer="llamacpp"`` instead: ``llamacpp`` -- llama.cpp's plain greedy decoding (``Llama.generate``) and
+  ``llamacpp-lookup-kK`` -- its prompt lookup decoding with ``K`` draft tokens, on each of the GGUF weights
+  ``q4_1`` (the embedded file), ``f32`` and ``bf16`` (made from it by llama.cpp's quantizer;
+  :mod:`experiments.peer_llamacpp`), at temperature 0 only; their dtype column is ``q4_1``, ``float32`` and
+  ``bfloat16``, so the F32 rows compare directly with our float32 ``ar``; and ``ar-int8`` -- our plain
+  decoding with the weight-only int8 target (:mod:`executor.quantize`), in the float32 column.
 * ``ar`` -- our plain decoding, the baseline of every speedup; ``chain-ngram-gK`` -- our chain decoder with
   the prompt-lookup drafter, ``K`` tokens.
 * for every model drafter ``D`` (early exit at layer L, and the trained feature head when one is cached):
@@ -33,10 +39,13 @@ from functools import partial
 from experiments.bench import Record, RowKey
 from experiments.commands import QUANTIZE_CHOICES
 
-__all__ = ["BenchConfig", "build_runners", "load_peer", "load_target", "model_drafters"]
+__all__ = ["BenchConfig", "build_runners", "llamacpp_runners", "load_peer", "load_target", "model_drafters"]
 
 DTYPES = ("float32", "bfloat16")
 VERIFIERS = ("rrs", "optimal")
+PEERS = ("transformers", "llamacpp")
+#: llama.cpp weights -> the dtype name of their rows (F32 rows sit next to our float32 ``ar``: ``vs ar``).
+LLAMACPP_DTYPES = {"q4_1": "q4_1", "f32": "float32", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class BenchConfig:
     calibration_tokens: int = 32
     rows: tuple[str, ...] = ("*",)
     quantize: str = "none"  # our decoders' target: float weights or weight-only int8 (executor.quantize)
+    peer: str = "transformers"  # whose rows run next to ours: transformers' generate or llama.cpp
+    peer_weights: tuple[str, ...] = tuple(LLAMACPP_DTYPES)  # llama.cpp's GGUF weights (peer llamacpp)
 
     def __post_init__(self) -> None:
         if not self.dtypes or any(d not in DTYPES for d in self.dtypes):
@@ -89,6 +100,12 @@ class BenchConfig:
             raise ValueError(f"--verifiers must be among {', '.join(VERIFIERS)}, got {self.verifiers}")
         if not self.rows:
             raise ValueError("--rows must hold at least one pattern")
+        if self.peer not in PEERS:
+            raise ValueError(f"--peer must be one of {', '.join(PEERS)}, got {self.peer!r}")
+        if not self.peer_weights or any(w not in LLAMACPP_DTYPES for w in self.peer_weights):
+            raise ValueError(
+                f"--peer-weights must be a non-empty list of {', '.join(LLAMACPP_DTYPES)}, got {self.peer_weights}"
+            )
         if self.quantize not in QUANTIZE_CHOICES:
             raise ValueError(
                 f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {self.quantize!r}"
@@ -211,6 +228,31 @@ def build_runners(config: BenchConfig, targets: dict, peers: dict, plans: list[d
             for name, make in rows.items():
                 if config.wants(name):
                     runners[RowKey(name, dtype, float(temperature))] = make()
+    return runners
+
+
+def llamacpp_runners(config: BenchConfig, load_llama, int8_target=None) -> dict:
+    """``{RowKey: runner}`` of the llama.cpp rows and ``ar-int8`` (module docstring), at temperature 0 only.
+
+    ``load_llama(weights, lookup)`` returns a ``llama_cpp.Llama`` (``lookup``: ``None`` for plain decoding,
+    else the draft tokens ``K`` of its prompt lookup; :func:`experiments.peer_llamacpp.load_llama`);
+    ``int8_target`` is our int8 model (``None``: no ``ar-int8`` row).
+    """
+    from executor.decoders import AutoregressiveDecoder, Sampling
+    from experiments.peer_llamacpp import llamacpp_runner
+
+    runners: dict = {}
+    if 0.0 not in {float(t) for t in config.temperatures}:
+        return runners
+    for weights in config.peer_weights:
+        for lookup in (None, *config.lookups):
+            name = "llamacpp" if lookup is None else f"llamacpp-lookup-k{lookup}"
+            if config.wants(name):
+                key = RowKey(name, LLAMACPP_DTYPES[weights], 0.0)
+                runners[key] = llamacpp_runner(load_llama(weights, lookup))
+    if int8_target is not None and config.wants("ar-int8"):
+        decoder = AutoregressiveDecoder(int8_target, sampling=Sampling(temperature=0.0))
+        runners[RowKey("ar-int8", "float32", 0.0)] = our_runner(decoder)
     return runners
 
 

@@ -58,6 +58,18 @@ def add_arguments(parser) -> None:
         "--rows", default="*", help="row names to run, comma-separated shell patterns (default: all)"
     )
     add_quantize_argument(parser)
+    parser.add_argument(
+        "--peer",
+        choices=("transformers", "llamacpp"),
+        default="transformers",
+        help="whose rows run next to ours: transformers (default) or llamacpp (needs specbound[llamacpp]: "
+        "llama.cpp plain and prompt-lookup decoding, our int8 ar, and the predicted prompt-lookup speedups)",
+    )
+    parser.add_argument(
+        "--peer-weights",
+        default="q4_1,f32,bf16",
+        help="llama.cpp's GGUF weights, comma-separated: q4_1 (the embedded file), f32, bf16 (made from it)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of round 0 (round r: seed + r)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
@@ -98,6 +110,8 @@ def config_from_args(args):
         calibration_tokens=args.calibration_tokens,
         rows=_items(args.rows, "--rows", str),
         quantize=args.quantize,
+        peer=args.peer,
+        peer_weights=_items(args.peer_weights, "--peer-weights", str),
     )
 
 
@@ -142,7 +156,12 @@ def run(args) -> int:
         targets[dtype] = (model, bench_rows.model_drafters(config, model))
         peer_rows = ["hf-generate", "hf-early-exit", *(f"hf-prompt-lookup-k{k}" for k in config.lookups)]
         wants_peer = any(config.wants(name) for name in peer_rows)
+        wants_peer = wants_peer and config.peer == "transformers"
         peers[dtype] = bench_rows.load_peer(dtype, config) if wants_peer else None
+    prompts = [tokenizer.encode(text) for text in texts]
+    llms, extra = {}, {}
+    if config.peer == "llamacpp":
+        llms, extra = _llamacpp(config, threads, prompts, args.max_new_tokens, targets)
     # Which rows run, before anything is measured (a plan-tree row stands for the tree planned later).
     unplanned = [
         {"drafter": label, "dtype": dtype, "temperature": float(t), "parents": [-1]}
@@ -151,9 +170,9 @@ def run(args) -> int:
         for t in config.temperatures
     ]
     selected = bench_rows.build_runners(config, targets, peers, unplanned)
+    selected.update(extra)
     if not selected:
         raise ValueError(f"--rows: no row matches {args.rows!r}")
-    prompts = [tokenizer.encode(text) for text in texts]
     if saved is not None:
         prepared = saved["prepared"]
         print(f"resuming {checkpoint}: {len(saved['rounds'])} round(s) done")
@@ -166,7 +185,21 @@ def run(args) -> int:
             stem = os.path.splitext(args.out)[0]
             plans = bench_plan.plan_rows(targets, samples, prompts, config, stem, progress=True)
         prepared = {"forward": forward, "plans": plans}
+        if llms:
+            from experiments.bench_llamacpp import prepare
+
+            profiled = {weights: llms[(weights, max(config.lookups))] for weights in config.peer_weights}
+            model = (
+                targets["float32"][0]
+                if "float32" in targets
+                else bench_rows.load_target("float32", config)[0]
+            )
+            stem = os.path.splitext(args.out)[0]
+            prepared["llamacpp"] = prepare(
+                config, profiled, model, prompts, context, args.max_new_tokens, stem
+            )
     runners = bench_rows.build_runners(config, targets, peers, prepared["plans"])
+    runners.update(extra)
     done = run_bench(
         runners,
         prompts,
@@ -179,5 +212,43 @@ def run(args) -> int:
         progress=lambda pairs: tqdm(pairs, desc="bench", unit="run"),
     )
     result = {"settings": settings, "rows": summarise(done), **prepared}
+    if "llamacpp" in prepared:
+        from experiments.bench_llamacpp import section
+
+        result["llamacpp"] = section(result["rows"], prepared["llamacpp"], args.max_new_tokens)
     print(write_report(result, args.out))
     return 0
+
+
+def load_llama(weights: str, lookup, *, threads: int, n_ctx: int):
+    """llama.cpp on ``weights`` (a seam for tests: :func:`experiments.peer_llamacpp.load_llama`)."""
+    from experiments.peer_llamacpp import load_llama as load
+
+    return load(weights, threads=threads, lookup=lookup, n_ctx=n_ctx)
+
+
+def _llamacpp(config, threads: int, prompts, max_new_tokens: int, targets):
+    """The llama.cpp models ``{(weights, lookup): Llama}`` (every weight format, plain and every K, loaded
+    once) and the runners of the llama.cpp rows and ``ar-int8``."""
+    from experiments import bench_rows
+    from experiments.peer_llamacpp import import_llama_cpp
+
+    import_llama_cpp()  # the install hint before anything loads
+    n_ctx = max(len(p) for p in prompts) + max_new_tokens + max(config.lookups) + 16
+    n_ctx = max(n_ctx, config.context + 32)
+    llms = {}
+
+    def load(weights, lookup):
+        if (weights, lookup) not in llms:
+            llms[(weights, lookup)] = load_llama(weights, lookup, threads=threads, n_ctx=n_ctx)
+        return llms[(weights, lookup)]
+
+    int8 = None
+    if config.quantize == "none" and config.wants("ar-int8") and 0.0 in config.temperatures:
+        from dataclasses import replace
+
+        int8 = bench_rows.load_target("float32", replace(config, quantize="int8"))[0]
+    runners = bench_rows.llamacpp_runners(config, load, int8)
+    for weights in config.peer_weights:  # the profiled models: logits for every position, as lookup runs
+        load(weights, max(config.lookups))
+    return llms, runners

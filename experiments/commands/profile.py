@@ -38,6 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
+    parser.add_argument(
+        "--peer",
+        choices=("none", "llamacpp"),
+        default="none",
+        help="profile llama.cpp instead of our model (needs specbound[llamacpp]; target t(n) and its prompt "
+        "lookup's time per step)",
+    )
+    parser.add_argument(
+        "--peer-weights",
+        choices=("q4_1", "f32", "bf16"),
+        default="q4_1",
+        help="llama.cpp's GGUF weights: q4_1 (the embedded file), f32 or bf16 (made from it); default q4_1",
+    )
     parser.add_argument("--out", default="latency.json", help="output JSON file (written atomically)")
 
 
@@ -84,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--drafter: unknown drafter {args.drafter!r}; use early-exit:K, ngram, model:PATH or none"
             )
     threads = set_torch_threads(args.threads)
+    if args.peer == "llamacpp":
+        return run_llamacpp(args, sizes, threads)
     dtype = resolve_dtype(args.dtype, name="--dtype")
     quantize = resolve_quantize(args.quantize, name="--quantize")
     model, tokenizer = load_target(args.model, dtype, quantize)
@@ -111,6 +126,57 @@ def run(args: argparse.Namespace) -> int:
         "threads": threads,
         "hardware": detect_hardware().summary(),
         "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **measured,
+    }
+    write_json(report, args.out)
+    print(format_report(report))
+    print(f"written to {args.out}")
+    return 0
+
+
+def load_llama(weights: str, threads: int, n_ctx: int):
+    """llama.cpp on ``weights`` with logits for every position, as its prompt lookup runs (a seam for tests)."""
+    from experiments.peer_llamacpp import load_llama as load
+
+    return load(weights, threads=threads, lookup=1, n_ctx=n_ctx)
+
+
+def run_llamacpp(args: argparse.Namespace, sizes: list[int], threads: int) -> int:
+    """``--peer llamacpp``: llama.cpp's t(n) (:func:`experiments.peer_llamacpp.profile_llamacpp`), same JSON."""
+    import datetime
+    import platform
+
+    from executor.files import write_json
+    from executor.weights import load_tokenizer
+    from experiments.peer_llamacpp import import_llama_cpp, profile_llamacpp
+    from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION, context_ids
+
+    if args.model is not None or args.drafter is not None or args.quantize not in (None, "none"):
+        raise ValueError(
+            "--peer llamacpp profiles the embedded model's GGUF: no --model, --drafter, --quantize"
+        )
+    llama_cpp = import_llama_cpp()
+    context = context_ids(load_tokenizer(), args.context)
+    llm = load_llama(args.peer_weights, threads, args.context + sizes[-1] + 16)
+    measured = profile_llamacpp(
+        {args.peer_weights: llm},
+        context,
+        sizes=sizes,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        progress=True,
+    )[args.peer_weights]
+    report = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "model": "embedded SmolLM2-135M-Instruct (llama.cpp)",
+        "dtype": args.peer_weights,
+        "quantize": "none",
+        "device": "cpu",
+        "threads": threads,
+        "peer": f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}",
         "machine": platform.processor() or platform.machine(),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **measured,

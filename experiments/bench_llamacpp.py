@@ -1,0 +1,206 @@
+"""``specbound bench --peer llamacpp``: llama.cpp's own costs, our prompt-lookup acceptance, and the prediction.
+
+Before the timed rounds (:func:`prepare`):
+
+* **llama.cpp's t(n)** on each weight format, interleaved over the formats
+  (:func:`experiments.peer_llamacpp.profile_llamacpp`, on the models that run prompt lookup, i.e. with logits
+  for every position), for every ``n`` from 1 to ``max(K) + 1`` and the powers of two up to 16; written as
+  ``specbound profile`` documents ``OUT.latency-llamacpp-W.json`` (``plan-length --latency`` reads them).
+* **Our prompt-lookup drafter's steps**: our chain decoder with
+  :class:`executor.drafters.PromptLookupDrafter` (``max_ngram=2``, llama-cpp-python's rule) and ``K`` draft
+  tokens decodes every bench prompt greedily in float32, untimed; per prompt, each step's (drafted,
+  accepted) counts (``OUT.lookup-steps-kK.json``), and the pooled acceptance by position
+  (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
+  every step drafts K tokens, an upper estimate when lookups find shorter or no matches).
+
+After the rounds (:func:`predictions`): for every weight format and ``K``, the speedup of llama.cpp's prompt
+lookup over its plain decoding predicted by :func:`experiments.peer_predict.held_out_prediction` -- each
+prompt from the acceptance on the *other* prompts (leave one out), charged llama.cpp's measured ``t(k + 1)``,
+its lookup time per step and its sampling time per token -- against the measured ratio of decoding speeds
+(tokens after the first over the time after the first token: the prefill, paid once by both, is left out;
+the ratio with the prefill is the table's ``vs llamacpp``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["prepare", "predictions", "render_markdown"]
+
+
+def profile_sizes(lookups) -> list[int]:
+    """Every size a step of prompt lookup can verify (``1 .. max(K) + 1``) and the powers of two to 16."""
+    return sorted(set(range(1, max(lookups) + 2)) | {1, 2, 4, 8, 16})
+
+
+def lookup_steps(model, prompts: list[list[int]], lookup: int, max_new_tokens: int) -> list[list[list[int]]]:
+    """Per prompt, ``[drafted, accepted]`` of every step of our greedy chain decoder with prompt lookup."""
+    import torch
+
+    from executor.decoders import ChainDecoder, Sampling
+    from executor.drafters import PromptLookupDrafter
+    from experiments.peer_llamacpp import LOOKUP_NGRAM
+    from experiments.peer_predict import steps_of
+
+    drafter = PromptLookupDrafter(max_ngram=LOOKUP_NGRAM, max_tokens=lookup)
+    decoder = ChainDecoder(model, drafter, gamma=lookup, sampling=Sampling(temperature=0.0))
+    return [
+        [list(s) for s in steps_of(decoder.generate(p, max_new_tokens, generator=torch.Generator()))]
+        for p in prompts
+    ]
+
+
+def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, stem: str) -> dict:
+    """Profiles and steps (module docstring); ``llms[weights]`` a Llama with logits for every position,
+    ``model`` our float32 target. Returns the ``prepared["llamacpp"]`` part of the bench checkpoint."""
+    from tqdm import tqdm
+
+    from executor.files import write_json
+    from experiments.peer_llamacpp import profile_llamacpp
+    from experiments.peer_predict import lookup_model
+    from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
+
+    measured = profile_llamacpp(
+        llms,
+        context,
+        sizes=profile_sizes(config.lookups),
+        repeats=config.latency_repeats,
+        warmup=1,
+        progress=True,
+    )
+    profiles = {}
+    for weights, part in measured.items():
+        document = {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "model": "embedded SmolLM2-135M-Instruct (llama.cpp)",
+            "dtype": weights,
+            "device": "cpu",
+            "source": "specbound bench --peer llamacpp: llama.cpp Llama.eval, weights interleaved",
+            **part,
+        }
+        path = f"{stem}.latency-llamacpp-{weights}.json"
+        write_json(document, path)
+        profiles[weights] = path
+    steps = {}
+    for lookup in tqdm(config.lookups, desc="our prompt-lookup steps", unit="K"):
+        steps[str(lookup)] = lookup_steps(model, prompts, lookup, max_new_tokens)
+        write_json({"lookup": lookup, "steps": steps[str(lookup)]}, f"{stem}.lookup-steps-k{lookup}.json")
+        pooled = lookup_model([s for prompt in steps[str(lookup)] for s in prompt], lookup)
+        write_json({"per_position": pooled.alpha.tolist()}, f"{stem}.acceptance-lookup-k{lookup}.json")
+    return {"profiles": profiles, "documents": measured, "steps": steps}
+
+
+def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[dict]:
+    """Predicted against measured speedup of llama.cpp's prompt lookup, per weight format and ``K``."""
+    from experiments.bench_rows import LLAMACPP_DTYPES
+    from experiments.peer_predict import held_out_prediction
+    from experiments.profiling import profile_target_times
+
+    by_key = {(row["decoder"], row["dtype"]): row for row in rows if row["temperature"] == 0}
+    out = []
+    for weights, document in prepared["documents"].items():
+        profile = {"format": "specbound-profile", "version": 1, **document}
+        times = profile_target_times(profile)
+        dtype = LLAMACPP_DTYPES[weights]
+        plain = by_key.get(("llamacpp", dtype))
+        for lookup, steps in prepared["steps"].items():
+            lookup_row = by_key.get((f"llamacpp-lookup-k{lookup}", dtype))
+            predicted = held_out_prediction(
+                times,
+                steps,
+                [max_new_tokens - 1] * len(steps),
+                int(lookup),
+                lookup_time=document["drafter"]["draft_time"],
+                token_time=document["sample_time"]["median"],
+            )
+            measured = measured_total = None
+            if plain and lookup_row and plain["decode_tokens_per_s"] and lookup_row["decode_tokens_per_s"]:
+                measured = lookup_row["decode_tokens_per_s"] / plain["decode_tokens_per_s"]
+                measured_total = lookup_row["tokens_per_s"] / plain["tokens_per_s"]
+            out.append(
+                {
+                    "weights": weights,
+                    "lookup": int(lookup),
+                    "t_ratio": times[int(lookup) + 1] / times[1],
+                    "tokens_per_step": float(
+                        np.mean([1 + a for s in steps for _, a in s]) if any(steps) else 1.0
+                    ),
+                    "predicted": predicted["speedup"],
+                    "measured_decode": measured,
+                    "measured_total": measured_total,
+                    "error": None if measured is None else predicted["speedup"] / measured - 1,
+                    "latency": prepared["profiles"][weights],
+                    "model": predicted["model"],
+                }
+            )
+    return out
+
+
+def render_markdown(section: dict) -> list[str]:
+    """The report's llama.cpp section: our float32/int8 against llama.cpp, and predicted against measured."""
+    lines = [
+        "",
+        "## llama.cpp on the same weights (greedy)",
+        "",
+        "| row | weights | tokens/s | decoding tokens/s | vs our float32 ar | vs our int8 ar | vs llamacpp |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in section["rows"]:
+        cells = [
+            row["decoder"],
+            row["dtype"],
+            f"{row['tokens_per_s']:.2f}",
+            "–" if row.get("decode_tokens_per_s") is None else f"{row['decode_tokens_per_s']:.2f}",
+            *("–" if row.get(k) is None else f"{row[k]:.2f}" for k in ("vs_f32", "vs_int8", "vs_llamacpp")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "### Prompt lookup: predicted from llama.cpp's t(n) and our acceptance on the other prompts",
+        "",
+        "| weights | K | t(K+1)/t(1) | our τ (all prompts) | predicted | measured (decoding) | error "
+        "| measured (with prefill) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in section["predictions"]:
+
+        def number(value, fmt="{:.2f}"):
+            return "–" if value is None else fmt.format(value)
+
+        lines.append(
+            f"| {p['weights']} | {p['lookup']} | {p['t_ratio']:.2f} | {p['tokens_per_step']:.2f} "
+            f"| {p['predicted']:.3f} | {number(p['measured_decode'], '{:.3f}')} "
+            f"| {number(p['error'], '{:+.1%}')} | {number(p['measured_total'], '{:.3f}')} |"
+        )
+    lines += [
+        "",
+        "llama.cpp's t(n) and our acceptance by position, for `specbound plan-length` (its fixed-K rules assume "
+        "every step drafts K tokens; the prediction above weighs the drafted lengths observed):",
+        "",
+    ]
+    lines += [
+        f"    specbound plan-length --latency {p['latency']} "
+        f"--acceptance {p['latency'].split('.latency-')[0]}.acceptance-lookup-k{p['lookup']}.json"
+        for p in section["predictions"]
+    ]
+    return lines
+
+
+def section(result_rows: list[dict], prepared: dict, max_new_tokens: int) -> dict:
+    """``result["llamacpp"]``: the llama.cpp rows with their ratios to our float32 and int8 ``ar``, and the
+    predictions."""
+    ours = {
+        row["decoder"]: row for row in result_rows if row["dtype"] == "float32" and row["temperature"] == 0
+    }
+    rows = []
+    for row in result_rows:
+        if not row["decoder"].startswith("llamacpp") and row["decoder"] not in ("ar", "ar-int8"):
+            continue
+        if row["temperature"] != 0:
+            continue
+        entry = dict(row)
+        for name, base in (("vs_f32", "ar"), ("vs_int8", "ar-int8")):
+            entry[name] = row["tokens_per_s"] / ours[base]["tokens_per_s"] if base in ours else None
+        rows.append(entry)
+    return {"rows": rows, "predictions": predictions(prepared, result_rows, max_new_tokens)}
