@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
         action="append",
         default=[],
         metavar="METHOD.OPTION=VALUE",
-        help="a method option (JSON value, else a string), e.g. ppd.train_seconds=60; repeatable",
+        help="a method option (JSON value, else a string), e.g. ppd.train_steps=60; repeatable",
     )
 
 
@@ -68,7 +68,7 @@ def config_from_args(args):
 
 
 def parse_options(settings: list[str]) -> dict:
-    """``["ppd.train_seconds=60", ...]`` -> ``{"ppd": {"train_seconds": 60}}`` (values parsed as JSON)."""
+    """``["ppd.train_steps=60", ...]`` -> ``{"ppd": {"train_steps": 60}}`` (values parsed as JSON)."""
     import json
 
     import executor.methods as methods

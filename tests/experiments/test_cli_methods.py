@@ -67,7 +67,7 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
 ):
     out = tmp_path / "run"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
-    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_seconds=3"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2"]
     assert main(arguments) == 0
     assert "specbound methods" in capsys.readouterr().out
     report = json.loads((out / "methods.json").read_text())
