@@ -386,7 +386,8 @@ class PPD(Method):
 
     def extra(self, decoder) -> dict:
         widths = decoder.verified_widths
-        return {"mean_verified_width": float(np.mean(widths)) if widths else 0.0}
+        # The guesses come out of the verification pass itself: no sequential draft pass.
+        return {"mean_verified_width": float(np.mean(widths)) if widths else 0.0, "draft_passes": 0}
 
     def predict(self, calibration_prompts, temperature, max_new_tokens):
         """Per-depth acceptance of the guesses on the calibration prompts -> :func:`theory.expected_tokens`;
