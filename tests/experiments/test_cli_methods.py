@@ -86,6 +86,12 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     assert (out / "methods.png").stat().st_size > 0
     assert not list(out.rglob("*.tmp"))
 
+    # --quick shares plain decoding between the units of one temperature (one run per prompt).
+    units = [json.loads(path.read_text()) for path in (out / "units").glob("*--T0.json")]
+    assert len({unit["prompts"][0]["ar_wall_time"] for unit in units}) == 1 < len(units)
+    for row in report["rows"]:
+        assert ("where_it_pays" in row) and ("prediction_check" in row)
+
     # A second run finds every unit done and runs nothing.
     import experiments.methods_run as runner
 
