@@ -107,12 +107,34 @@ def _prediction_check(row: dict) -> str | None:
             f"off by {100 * error:.0f}%, within 2 standard errors of the measured τ (±{2 * se:.2f}): "
             "too few held-out steps to test 10% (run more prompts/tokens)"
         )
+    text = f"off by {100 * error:.0f}%" + (f" (beyond 2 standard errors, ±{2 * se:.2f})" if se else "")
+    conditional = conditional_by_depth(row["acceptance_by_position"])
+    shown = ", ".join(f"{a:.2f}" for a in conditional[:4])
+    if len(conditional) > 1 and conditional[1] < DEPTH_DECAY * conditional[0]:
+        return (
+            f"{text}: acceptance falls with depth (held-out P(depth d | depth d-1) = {shown}); the assumption "
+            f"that broke is that every depth accepts like the first ({model}: one acceptance law for all depths)"
+        )
     return (
-        f"off by {100 * error:.0f}% (beyond 2 standard errors, ±{2 * se:.2f}): the assumption that broke is that "
-        f"acceptance measured on the calibration prompts holds on the held-out ones ({model})"
-        if se is not None
-        else f"off by {100 * error:.0f}%"
+        f"{text}: the assumption that broke is that acceptance measured on the calibration prompts holds on "
+        f"the held-out ones ({model}; held-out P(depth d | depth d-1) = {shown or '–'})"
     )
+
+
+#: A depth-2 conditional acceptance below this fraction of the depth-1 one counts as acceptance falling with
+#: depth (the models that read one acceptance law for every depth cannot follow it).
+DEPTH_DECAY = 0.75
+
+
+def conditional_by_depth(by_position: list[float]) -> list[float]:
+    """``P(depth d accepted | depth d - 1 accepted)`` from the fractions of steps reaching each depth."""
+    out, previous = [], 1.0
+    for reached in by_position:
+        if previous <= 0:
+            break
+        out.append(reached / previous)
+        previous = reached
+    return out
 
 
 def where_it_pays(row: dict, prompts: list[dict], steps: int) -> dict | None:
@@ -133,7 +155,10 @@ def where_it_pays(row: dict, prompts: list[dict], steps: int) -> dict | None:
         return None
     tau = row["measured_tau"]
     width = sum(p["extra"].get("verified_positions", 0) for p in prompts) / steps
-    passes = _draft_passes(prompts) / steps
+    passes = _draft_passes(prompts)
+    if passes is None:
+        return None  # units written before draft passes were recorded
+    passes /= steps
     c = row["prediction"].get("draft_cost_ratio")
     return {
         "tau": tau,
@@ -147,16 +172,17 @@ def where_it_pays(row: dict, prompts: list[dict], steps: int) -> dict | None:
     }
 
 
-def _draft_passes(prompts: list[dict]) -> float:
+def _draft_passes(prompts: list[dict]) -> float | None:
     """Sequential draft passes: the method's own count (``draft_passes``, ``draft_calls``), else the drafted
-    depths (one pass per drafted token of a chain, per level of a tree)."""
+    depths (one pass per drafted token of a chain, per level of a tree); ``None`` if a prompt has none."""
     total = 0.0
     for p in prompts:
-        extra = p["extra"]
-        for key in ("draft_passes", "draft_calls", "draft_levels"):
-            if key in extra:
-                total += extra[key]
-                break
+        counts = [
+            p["extra"][key] for key in ("draft_passes", "draft_calls", "draft_levels") if key in p["extra"]
+        ]
+        if not counts:
+            return None
+        total += counts[0]
     return total
 
 

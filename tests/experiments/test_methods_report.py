@@ -95,3 +95,19 @@ def test_rows_that_pay_or_are_not_lossless_get_no_break_even():
     assert fast["where_it_pays"] is None and fast["note"].startswith("pays here")
     lossy = summarise_unit(unit(predicted=None, step_tokens=[1, 1], wall=4.0, ar_wall=1.0, lossless=False))
     assert lossy["where_it_pays"] is None and lossy["prediction_check"] is None
+
+
+def test_a_far_prediction_with_acceptance_falling_with_depth_names_that_assumption():
+    record = unit(
+        predicted=3.0, step_tokens=[2, 2, 2, 3], wall=1, ar_wall=1, prediction={"model": "optimal_tree"}
+    )
+    record["prompts"][0]["acceptance_by_position"] = [0.8, 0.2, 0.1]  # conditional 0.8, 0.25, 0.5
+    check = summarise_unit(record)["prediction_check"]
+    assert "acceptance falls with depth" in check and "0.80, 0.25, 0.50" in check and "optimal_tree" in check
+
+
+def test_conditional_acceptance_by_depth_divides_consecutive_reach_fractions():
+    from experiments.methods_report import conditional_by_depth
+
+    assert conditional_by_depth([0.5, 0.25, 0.0, 0.0]) == [0.5, 0.5, 0.0]
+    assert conditional_by_depth([]) == []
