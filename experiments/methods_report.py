@@ -112,12 +112,12 @@ def _prediction_check(row: dict) -> str | None:
     shown = ", ".join(f"{a:.2f}" for a in conditional[:4])
     if len(conditional) > 1 and conditional[1] < DEPTH_DECAY * conditional[0]:
         return (
-            f"{text}: acceptance falls with depth (held-out P(depth d | depth d-1) = {shown}); the assumption "
+            f"{text}: acceptance falls with depth (held-out acceptance of depth d given d - 1: {shown}); the assumption "
             f"that broke is that every depth accepts like the first ({model}: one acceptance law for all depths)"
         )
     return (
         f"{text}: the assumption that broke is that acceptance measured on the calibration prompts holds on "
-        f"the held-out ones ({model}; held-out P(depth d | depth d-1) = {shown or '–'})"
+        f"the held-out ones ({model}; held-out acceptance of depth d given d - 1: {shown or '–'})"
     )
 
 

@@ -111,3 +111,21 @@ def test_conditional_acceptance_by_depth_divides_consecutive_reach_fractions():
 
     assert conditional_by_depth([0.5, 0.25, 0.0, 0.0]) == [0.5, 0.5, 0.0]
     assert conditional_by_depth([]) == []
+
+
+def test_notes_and_checks_keep_the_markdown_table_intact():
+    from experiments.methods_report import render_markdown
+
+    record = unit(predicted=3.0, step_tokens=[2, 2, 2, 3], wall=4, ar_wall=1, extra={"draft_levels": 8})
+    record["prompts"][0]["acceptance_by_position"] = [0.8, 0.2, 0.1]
+    row = summarise_unit(record)
+    config = {
+        "model": None,
+        "dtype": "float32",
+        "calibration": 1,
+        "prompts": 1,
+        "max_new_tokens": 9,
+        "seed": 0,
+    }
+    table = [line for line in render_markdown({"config": config, "rows": [row]}).splitlines() if "|" in line]
+    assert len({line.count("|") for line in table}) == 1
