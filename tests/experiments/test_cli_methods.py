@@ -65,6 +65,7 @@ def tiny_checkpoint(tmp_path_factory):
 def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     tiny_checkpoint, tmp_path, capsys, monkeypatch
 ):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # PPD's tokens stay out of the user's cache
     out = tmp_path / "run"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
     arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2"]
