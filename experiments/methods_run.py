@@ -38,15 +38,26 @@ class MethodsConfig:
     max_new_tokens: int = 48
     seed: int = 0
     options: dict = field(default_factory=dict)
+    # True: plain decoding runs once per held-out prompt and temperature and every unit compares with that
+    # run (--quick); False: again next to each method, back to back (ratios measured under the same load).
+    share_baseline: bool = False
 
     def fingerprint(self) -> str:
         settings = asdict(self)
         if settings["quantize"] == "none":  # runs written before --quantize existed keep their fingerprint
             del settings["quantize"]
+        if not settings["share_baseline"]:  # nor do runs written before share_baseline existed
+            del settings["share_baseline"]
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-QUICK = {"calibration": 1, "prompts": 2, "max_new_tokens": 16}
+QUICK = {"calibration": 1, "prompts": 2, "max_new_tokens": 16, "share_baseline": True}
+#: Method options of --quick (``--set`` overrides them): the wrong-token study on 2 positions per problem.
+QUICK_OPTIONS = {"code-completion": {"study_positions": 2}}
+
+#: Plain-decoding runs shared by the units of one process when ``share_baseline`` (key: model, prompt,
+#: temperature, length, seed).
+_BASELINES: dict = {}
 
 
 def units(config: MethodsConfig) -> list[tuple[str, float]]:
@@ -62,6 +73,31 @@ def _layer_cost(extra: dict, head_equivalents: float) -> float:
     return extra.get("layer_passes", 0) + head_equivalents * extra.get("head_passes", 0)
 
 
+def _baseline(model, prompt, temperature: float, config, seed: int, eos):
+    """Plain decoding of ``prompt`` (its result, layer counter and CPU seconds), shared between units when
+    ``config.share_baseline``."""
+    import torch
+
+    from executor.decoders import AutoregressiveDecoder, Sampling
+    from executor.methods.base import LayerCounter
+    from executor.methods.calibration import model_key
+
+    key = (model_key(model), tuple(prompt), float(temperature), config.max_new_tokens, seed)
+    if config.share_baseline and key in _BASELINES:
+        return _BASELINES[key]
+    ar = AutoregressiveDecoder(model, sampling=Sampling(temperature=temperature))
+    cpu = time.process_time()
+    with LayerCounter(model) as counter:
+        baseline = ar.generate(
+            prompt, config.max_new_tokens, generator=torch.Generator().manual_seed(seed), eos_id=eos
+        )
+    counter.exclude_prefill(len(prompt))
+    value = (baseline, counter, time.process_time() - cpu)
+    if config.share_baseline:
+        _BASELINES[key] = value
+    return value
+
+
 def run_unit(
     name: str, temperature: float, model, tokenizer, calibration, evaluation, config, references=None
 ):
@@ -69,16 +105,16 @@ def run_unit(
     import torch
 
     import executor.methods as methods
-    from executor.decoders import AutoregressiveDecoder, Sampling
-    from executor.methods.base import LayerCounter, head_layer_equivalents
+    from executor.methods.base import head_layer_equivalents
     from executor.methods.code_completion import rouge_l
 
     method = methods.get(name)(model, tokenizer, **config.options.get(name, {}))
     if references is not None and hasattr(method, "references"):
         method.references = references
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     prediction = method.predict(calibration, temperature, config.max_new_tokens)
     predict_seconds = time.perf_counter() - start
+    predict_cpu = time.process_time() - cpu
     eos = getattr(tokenizer, "eos_id", None)
     head_eq = head_layer_equivalents(model.config)
     record = {
@@ -91,20 +127,14 @@ def run_unit(
         "prediction": prediction.details,
         "train_seconds": prediction.train_seconds,
         "predict_seconds": predict_seconds,
+        "predict_cpu_seconds": predict_cpu,
         "n_layers": model.config.n_layers,
         "prompts": [],
     }
     for index, prompt in enumerate(evaluation):
         seed = config.seed + index
-        ar = AutoregressiveDecoder(model, sampling=Sampling(temperature=temperature))
-        with LayerCounter(model) as counter:
-            baseline = ar.generate(
-                prompt,
-                config.max_new_tokens,
-                generator=torch.Generator().manual_seed(seed),
-                eos_id=eos,
-            )
-        counter.exclude_prefill(len(prompt))
+        baseline, counter, ar_cpu = _baseline(model, prompt, temperature, config, seed, eos)
+        cpu = time.process_time()
         result = method.run(
             prompt,
             temperature=temperature,
@@ -112,6 +142,7 @@ def run_unit(
             generator=torch.Generator().manual_seed(seed),
             eos_id=eos,
         )
+        method_cpu = time.process_time() - cpu
         record["prompts"].append(
             {
                 "prompt": index,
@@ -124,6 +155,8 @@ def run_unit(
                 "memory_bound_cost": _layer_cost(result.extra, head_eq),
                 "ar_tokens": len(baseline.token_ids),
                 "ar_wall_time": baseline.wall_time,
+                "cpu_seconds": method_cpu,
+                "ar_cpu_seconds": ar_cpu,
                 "ar_memory_bound_cost": counter.passes + head_eq * counter.heads,
                 "identical": result.token_ids == baseline.token_ids,
                 "rouge_l": rouge_l(result.token_ids, baseline.token_ids),

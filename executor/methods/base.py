@@ -187,10 +187,14 @@ class Method(ABC):
             layer_evaluations=counter.total,
             wall_time=wall,
             extra={
-                **self.extra(decoder),
                 "layer_passes": counter.passes,
                 "head_passes": counter.heads,
                 "verified_positions": sum(len(s.tokens) for s in result.steps),
+                # Drafted depths summed over steps: the sequential draft passes of a chain or of a tree
+                # drafted one level per pass (methods that save passes report ``draft_passes`` in extra()).
+                "draft_levels": sum(len(s.accepted) for s in result.steps),
+                "step_tokens": [len(s.emitted) for s in result.steps],
+                **self.extra(decoder),
             },
         )
 

@@ -32,6 +32,7 @@ __all__ = [
     "default_exit_head",
     "exit_profile",
     "forward_time_ratio",
+    "model_key",
     "positional_acceptance",
     "run_lengths",
 ]
@@ -77,6 +78,12 @@ class ExitProfile:
 _CONTINUATIONS: dict = {}
 
 
+def model_key(model) -> tuple:
+    """A key for memoising measurements on ``model``: its identity and two weight checksums (a model whose
+    weights changed in place gets a new key)."""
+    return (id(model), float(model.norm.weight.sum()), float(model.tok_embeddings.weight[0].sum()))
+
+
 def continuation(
     model, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int
 ) -> list[int]:
@@ -86,8 +93,7 @@ def continuation(
     """
     from executor.decoders import AutoregressiveDecoder, Sampling
 
-    weights = (id(model), float(model.norm.weight.sum()), float(model.tok_embeddings.weight[0].sum()))
-    key = (weights, tuple(prompt_ids), max_new_tokens, float(temperature), seed)
+    key = (model_key(model), tuple(prompt_ids), max_new_tokens, float(temperature), seed)
     if key in _CONTINUATIONS:
         return list(_CONTINUATIONS[key])
 

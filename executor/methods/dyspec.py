@@ -174,6 +174,9 @@ def child_acceptance(target, drafter_factory, width: int, temperature: float, pr
     return counts / max(steps, 1)
 
 
+_CHILD_ACCEPTANCE: dict = {}
+
+
 class _TreeMethod(Method):
     def __init__(
         self,
@@ -205,9 +208,26 @@ class _TreeMethod(Method):
         return {"exit_layer": self.exit_layer, "budget": self.budget, "max_depth": self.max_depth}
 
     def measure(self, prompts, temperature, max_new_tokens) -> np.ndarray:
+        """Sequoia's acceptance vector on ``prompts``; with the default early-exit drafter it is memoised, so
+        ``dyspec``, ``sequoia`` and ``staged`` calibrate once per prompt set and temperature."""
+        from executor.methods.calibration import model_key
+
+        key = (
+            model_key(self.target),
+            self.exit_layer,
+            self.width,
+            float(temperature),
+            tuple(tuple(p) for p in prompts),
+            max_new_tokens,
+        )
+        if self._drafter is None and key in _CHILD_ACCEPTANCE:
+            self.acc = _CHILD_ACCEPTANCE[key].copy()
+            return self.acc
         self.acc = child_acceptance(
             self.target, self.make_drafter, self.width, temperature, prompts, max_new_tokens
         )
+        if self._drafter is None:
+            _CHILD_ACCEPTANCE[key] = self.acc.copy()
         return self.acc
 
 

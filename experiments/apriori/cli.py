@@ -19,11 +19,9 @@ def add_arguments(parser) -> None:
         default=None,
         help="a .gguf file or a Hugging Face llama directory (default: embedded SmolLM2)",
     )
-    parser.add_argument(
-        "--drafter",
-        default=None,
-        help="early-exit:K | ngram | model:PATH (default: early exit at 2/3 of the layers)",
-    )
+    from experiments.commands.generate import DrafterArgument
+
+    parser.add_argument("--drafter", default=None, action=DrafterArgument)
     parser.add_argument(
         "--quick", action="store_true", help="fewer prompts, tokens and decoders (under 5 minutes)"
     )
@@ -120,11 +118,10 @@ def config_from_args(args):
         settings["decoders"] = wanted
     if args.drafter is not None:
         from executor.drafters import DRAFTER_KINDS
+        from experiments.commands.generate import drafter_forms
 
         if args.drafter.partition(":")[0] not in DRAFTER_KINDS:
-            raise ValueError(
-                f"--drafter: unknown drafter {args.drafter!r}; use early-exit:K, ngram or model:PATH"
-            )
+            raise ValueError(f"--drafter: unknown drafter {args.drafter!r}; use {drafter_forms()}")
     if args.latency is not None:
         from experiments.apriori.calibrate import read_latency
 

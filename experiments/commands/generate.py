@@ -9,6 +9,43 @@ from experiments.commands import add_dtype_argument, add_quantize_argument
 
 HELP = "generate a continuation with the autoregressive, chain, multi-draft or tree decoder"
 
+#: The command-line form of each drafter kind of :data:`executor.drafters.DRAFTER_KINDS` (a kind missing here
+#: is still listed, by its bare name; ``tests/experiments/test_cli_generate.py`` checks the two agree).
+DRAFTER_FORMS = {
+    "early-exit": "early-exit:K",
+    "ngram": "ngram[:N]",
+    "model": "model:PATH",
+    "feature": "feature[:PATH]",
+    "falcon": "falcon[:PATH]",
+    "exit": "exit:K[:PATH]",
+    "kangaroo": "kangaroo:K[:PATH]",
+}
+DRAFTER_DEFAULT = "default: the cached trained feature head, else early-exit at 2/3 of the layers"
+
+
+def drafter_forms() -> str:
+    """``"early-exit:K | ngram[:N] | ..."``: every kind :func:`executor.drafters.parse_drafter` accepts, in
+    the order of its ``DRAFTER_KINDS`` (imports torch: call it only when the text is shown)."""
+    from executor.drafters import DRAFTER_KINDS
+
+    return " | ".join(DRAFTER_FORMS.get(kind, kind) for kind in DRAFTER_KINDS)
+
+
+class DrafterArgument(argparse.Action):
+    """``--drafter``: stores the string; its help lists :func:`drafter_forms`, built only when help is printed
+    (so that parsing the command line does not import torch)."""
+
+    @property
+    def help(self) -> str:
+        return f"{drafter_forms()} ({DRAFTER_DEFAULT})".replace("%", "%%")
+
+    @help.setter
+    def help(self, value) -> None:  # argparse assigns it; the text is always built from DRAFTER_KINDS
+        pass
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the text to continue")
@@ -17,11 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2-135M)"
     )
     parser.add_argument("--decoder", default="ar", choices=["ar", "chain", "multidraft", "tree"])
-    parser.add_argument(
-        "--drafter",
-        default=None,
-        help="early-exit:K | ngram | model:PATH (default early-exit at 2/3 of the layers)",
-    )
+    parser.add_argument("--drafter", default=None, action=DrafterArgument)
     parser.add_argument(
         "--verifier",
         default=None,

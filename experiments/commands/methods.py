@@ -10,7 +10,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="1 calibration + 2 held-out prompts, 16 tokens")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 calibration + 2 held-out prompts, 16 tokens, plain decoding shared between methods",
+    )
     parser.add_argument("--only", default=None, help="comma-separated method names (default: all)")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     add_quantize_argument(parser)
@@ -27,7 +31,7 @@ def add_arguments(parser) -> None:
         action="append",
         default=[],
         metavar="METHOD.OPTION=VALUE",
-        help="a method option (JSON value, else a string), e.g. ppd.train_seconds=60; repeatable",
+        help="a method option (JSON value, else a string), e.g. ppd.train_steps=60; repeatable",
     )
 
 
@@ -45,7 +49,7 @@ def parse_methods(only: str | None) -> tuple[str, ...]:
 
 
 def config_from_args(args):
-    from experiments.methods_run import QUICK, MethodsConfig
+    from experiments.methods_run import QUICK, QUICK_OPTIONS, MethodsConfig
 
     if args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
@@ -62,13 +66,18 @@ def config_from_args(args):
         dtype=args.dtype,
         quantize=args.quantize,
         seed=args.seed,
-        options=parse_options(getattr(args, "set", [])),
+        options=_merge_options(QUICK_OPTIONS if args.quick else {}, parse_options(getattr(args, "set", []))),
         **sizes,
     )
 
 
+def _merge_options(defaults: dict, given: dict) -> dict:
+    names = set(defaults) | set(given)
+    return {name: {**defaults.get(name, {}), **given.get(name, {})} for name in names}
+
+
 def parse_options(settings: list[str]) -> dict:
-    """``["ppd.train_seconds=60", ...]`` -> ``{"ppd": {"train_seconds": 60}}`` (values parsed as JSON)."""
+    """``["ppd.train_steps=60", ...]`` -> ``{"ppd": {"train_steps": 60}}`` (values parsed as JSON)."""
     import json
 
     import executor.methods as methods

@@ -101,7 +101,7 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("online", {"lr": 0}, "lr"),
         ("online", {"learn": "yes"}, "learn"),
         ("ppd", {"prompt_tokens": 0}, "prompt_tokens"),
-        ("ppd", {"train_seconds": -1}, "train_seconds"),
+        ("ppd", {"train_steps": 0}, "train_steps"),
         ("ppd", {"prompts": "trained"}, "prompts"),
     ],
 )

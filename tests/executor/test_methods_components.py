@@ -241,3 +241,25 @@ def test_wrong_token_study_groups_positions_and_a_wrong_start_never_matches(tiny
     assert (
         full["wrong"]["positions"] + full["right"]["positions"] == 10 and full["wrong"]["exact_rate"] == 0.0
     )
+
+
+def test_tree_methods_measure_the_acceptance_vector_once_per_prompts_and_temperature(tiny_model, monkeypatch):
+    import executor.methods.dyspec as dyspec_module
+    from executor.methods import DySpec, Sequoia
+
+    model = spread_model(tiny_model, seed=11)
+    calls = []
+    measured = dyspec_module.child_acceptance
+    monkeypatch.setattr(dyspec_module, "_CHILD_ACCEPTANCE", {})
+    monkeypatch.setattr(
+        dyspec_module, "child_acceptance", lambda *args: calls.append(args[3]) or measured(*args)
+    )
+    options = {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2}
+    prompts = [[3, 1, 4, 1, 5]]
+    first = DySpec(model, **options).measure(prompts, 0.0, 6)
+    second = Sequoia(model, **options).measure(prompts, 0.0, 6)
+    Staged(model, **options).measure(prompts, 1.0, 6)
+    assert calls == [0.0, 1.0] and np.array_equal(first, second)
+    # A drafter passed in is measured every time (its identity is not part of the key).
+    DySpec(model, **options, drafter=lambda: EarlyExitDrafter(model, 1)).measure(prompts, 0.0, 6)
+    assert calls == [0.0, 1.0, 0.0]

@@ -98,8 +98,8 @@ def test_prompt_tokens_are_trained_once_then_read_from_the_cache(tiny_model, mon
     calls = []
     data = windows(model)
     monkeypatch.setattr(ppd, "_training_windows", lambda *a, **k: calls.append(1) or (data, data[:1]))
-    first, card = ppd.cached_prompt_tokens(model, None, 2, seconds=2.0, window=40)
-    second, again = ppd.cached_prompt_tokens(model, None, 2, seconds=2.0, window=40)
+    first, card = ppd.cached_prompt_tokens(model, None, 2, 3, window=40)
+    second, again = ppd.cached_prompt_tokens(model, None, 2, 3, window=40)
     assert calls == [1] and not card["cached"] and again["cached"]
     assert torch.equal(first.embeddings, second.embeddings)
 
@@ -107,3 +107,9 @@ def test_prompt_tokens_are_trained_once_then_read_from_the_cache(tiny_model, mon
 def test_ppd_without_prompt_tokens_or_tokenizer_says_what_it_needs(tiny_model):
     with pytest.raises(ValueError, match="tokenizer"):
         PPD(tiny(tiny_model)).build(0.0)
+
+
+def test_training_without_a_step_count_or_time_budget_is_refused(tiny_model):
+    model = tiny(tiny_model)
+    with pytest.raises(ValueError, match="max_steps"):
+        train_prompt_tokens(model, windows(model), 2)

@@ -112,3 +112,22 @@ def test_prompt_longer_than_the_context_is_an_error(smollm):
     model, tokenizer = smollm
     with pytest.raises(ValueError, match="longer than the model's context"):
         generate("hello " * 9000, model=model, tokenizer=tokenizer, max_new_tokens=1)
+
+
+def test_drafter_help_lists_every_kind_parse_drafter_accepts(capsys, monkeypatch):
+    from executor.drafters import DRAFTER_KINDS
+    from experiments.commands.generate import DRAFTER_FORMS, drafter_forms
+
+    assert list(DRAFTER_FORMS) == list(DRAFTER_KINDS)
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: argparse wraps at hyphens otherwise
+    for command in ("generate", "validate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert drafter_forms() in capsys.readouterr().out
+
+
+def test_unknown_drafter_message_names_every_kind(capsys):
+    from experiments.commands.generate import drafter_forms
+
+    assert main(["validate", "--drafter", "nonsense", "--out", "unused"]) == 2
+    assert drafter_forms() in capsys.readouterr().err

@@ -65,9 +65,10 @@ def tiny_checkpoint(tmp_path_factory):
 def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     tiny_checkpoint, tmp_path, capsys, monkeypatch
 ):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # PPD's tokens stay out of the user's cache
     out = tmp_path / "run"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
-    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_seconds=3"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2"]
     assert main(arguments) == 0
     assert "specbound methods" in capsys.readouterr().out
     report = json.loads((out / "methods.json").read_text())
@@ -85,6 +86,12 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     assert (out / "methods.md").read_text().count("\n| ") == len(report["rows"]) + 1
     assert (out / "methods.png").stat().st_size > 0
     assert not list(out.rglob("*.tmp"))
+
+    # --quick shares plain decoding between the units of one temperature (one run per prompt).
+    units = [json.loads(path.read_text()) for path in (out / "units").glob("*--T0.json")]
+    assert len({unit["prompts"][0]["ar_wall_time"] for unit in units}) == 1 < len(units)
+    for row in report["rows"]:
+        assert ("where_it_pays" in row) and ("prediction_check" in row)
 
     # A second run finds every unit done and runs nothing.
     import experiments.methods_run as runner
