@@ -41,6 +41,7 @@ __all__ = [
     "LatencyProfile",
     "RecordingDrafter",
     "calibrate",
+    "depth_buckets",
     "event_record",
     "measure_latency",
     "read_latency",
@@ -160,13 +161,18 @@ class RecordingDrafter:
         self.current: dict[int, np.ndarray] = {}
         self.logits_per_step: list[dict[int, np.ndarray]] = []
         self.call_times: list[tuple[int, float]] = []
+        self.drafting = False
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def draft_logits(self, state, tree, nodes):
         start = time.perf_counter()
-        logits = self.inner.draft_logits(state, tree, nodes)
+        self.drafting = True
+        try:
+            logits = self.inner.draft_logits(state, tree, nodes)
+        finally:
+            self.drafting = False
         self.call_times.append((len(nodes), time.perf_counter() - start))
         if logits is not None:
             rows = logits.detach().float().cpu().numpy()
@@ -345,6 +351,10 @@ class Calibration:
     matrix); ``multidraft[key]`` and ``bound[key]`` the root acceptance and its optimum for ``key`` =
     ``"verifier-nN"``; ``buckets`` the confidence-bucket model (confidence, acceptance and frequency per
     bucket); ``events[d]`` how many calibration events depth ``d`` had.
+    ``depth_buckets[d]`` is the bucket model of chain position ``d + 1`` alone (same edges, :func:`depth_buckets`);
+    ``overhead[label]`` the measured seconds per step a decoder configuration spends beyond its target and draft
+    passes (verification, sampling, bookkeeping; ``"ar"`` for plain decoding), filled in by the run from its
+    overhead units on the calibration half.
     """
 
     temperature: float
@@ -356,6 +366,8 @@ class Calibration:
     events: list[int]
     latency: LatencyProfile
     prompts: list[int] = field(default_factory=list)
+    depth_buckets: list[dict[str, list[float]]] = field(default_factory=list)
+    overhead: dict[str, float] = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
@@ -388,16 +400,19 @@ def _per_depth(values: list[list], depth: int, fallback) -> tuple[np.ndarray, li
     return np.array(means), counts
 
 
-def confidence_buckets(confidence, acceptance, n_buckets: int) -> dict[str, list[float]]:
+def confidence_buckets(confidence, acceptance, n_buckets: int, edges=None) -> dict[str, list[float]]:
     """Group events into at most ``n_buckets`` confidence quantile buckets: the i.i.d. bucket model of
     :class:`theory.ConfidenceBuckets`.
 
     Returns the bucket ``edges`` (a confidence ``c`` is in bucket ``searchsorted(edges, c, "right")``) and,
     per bucket, its mean confidence, mean acceptance and frequency (an empty bucket gets probability 0).
+    ``edges`` fixes the bucket edges instead of the quantiles (a bootstrap resample keeps the rule's buckets).
     """
     confidence = np.asarray(confidence, dtype=np.float64)
     acceptance = np.asarray(acceptance, dtype=np.float64)
-    edges = np.unique(np.quantile(confidence, np.linspace(0, 1, n_buckets + 1)[1:-1]))
+    if edges is None:
+        edges = np.unique(np.quantile(confidence, np.linspace(0, 1, n_buckets + 1)[1:-1]))
+    edges = np.asarray(edges, dtype=np.float64)
     labels = np.searchsorted(edges, confidence, side="right")
     bounds = np.concatenate([[0.0], edges, [1.0]])
     buckets = {"edges": [float(e) for e in edges], "confidence": [], "acceptance": [], "probability": []}
@@ -410,6 +425,35 @@ def confidence_buckets(confidence, acceptance, n_buckets: int) -> dict[str, list
     return buckets
 
 
+def depth_buckets(records: list[dict], pooled: dict, depth: int) -> list[dict[str, list[float]]]:
+    """The confidence-bucket model per chain position, on the pooled model's edges.
+
+    At position ``d + 1`` the bucket frequencies are those of the depth-``d`` events (a depth with fewer than
+    :data:`MIN_EVENTS` events takes the depth above it), and a bucket's acceptance is its depth-``d`` mean
+    shrunk towards the pooled bucket acceptance with :data:`MIN_EVENTS` pseudo-events,
+    ``(n a_d + m a) / (n + m)``. The pooled model (:class:`theory.ConfidenceBuckets`) assumes every
+    position draws its bucket from one law; a drafter's confidence falls with depth (on the accepted path the
+    easy tokens come first), which this model keeps.
+    """
+    edges = np.asarray(pooled["edges"], dtype=np.float64)
+    size = edges.size + 1
+    laws, previous = [], (list(pooled["probability"]), list(pooled["acceptance"]))
+    for d in range(depth):
+        rows = [r for r in records if r["depth"] == d]
+        if len(rows) >= MIN_EVENTS or (d == 0 and rows):
+            labels = np.searchsorted(edges, [r["confidence"] for r in rows], side="right")
+            chain = np.array([r["chain"] for r in rows], dtype=np.float64)
+            counts = np.bincount(labels, minlength=size).astype(np.float64)
+            sums = np.bincount(labels, weights=chain, minlength=size)
+            prior = np.asarray(pooled["acceptance"], dtype=np.float64)
+            acceptance = (sums + MIN_EVENTS * prior) / (counts + MIN_EVENTS)
+            previous = ((counts / counts.sum()).tolist(), acceptance.tolist())
+        laws.append(
+            {"probability": [float(v) for v in previous[0]], "acceptance": [float(v) for v in previous[1]]}
+        )
+    return laws
+
+
 def calibrate(
     records: list[dict],
     latency: LatencyProfile,
@@ -418,6 +462,7 @@ def calibrate(
     depth: int,
     n_buckets: int = 4,
     prompts: list[int] | None = None,
+    edges=None,
 ) -> Calibration:
     """The :class:`Calibration` of ``depth`` positions from event records (:func:`event_record`).
 
@@ -440,7 +485,8 @@ def calibrate(
     keys = sorted(roots[0].get("grid", {}))
     multidraft = {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys}
     bound = {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys}
-    buckets = confidence_buckets([r["confidence"] for r in records], [r["chain"] for r in records], n_buckets)
+    confidence = [r["confidence"] for r in records]
+    buckets = confidence_buckets(confidence, [r["chain"] for r in records], n_buckets, edges)
     return Calibration(
         temperature=float(temperature),
         positional=[float(a) for a in positional],
@@ -451,4 +497,5 @@ def calibrate(
         events=counts,
         latency=latency,
         prompts=list(prompts or []),
+        depth_buckets=depth_buckets(records, buckets, depth),
     )

@@ -22,7 +22,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bootstrap_ratio", "bootstrap_speedup", "diagnose", "position_intervals", "within_ci"]
+__all__ = [
+    "bootstrap_ratio",
+    "bootstrap_speedup",
+    "diagnose",
+    "difference_interval",
+    "interval",
+    "position_intervals",
+    "ratio_samples",
+    "speedup_samples",
+    "within_ci",
+]
 
 #: Bootstrap resamples and interval level.
 RESAMPLES = 2000
@@ -46,6 +56,11 @@ def _indices(size: int, rng: np.random.Generator, resamples: int) -> np.ndarray:
     return rng.integers(0, size, size=(resamples, size))
 
 
+def interval(samples, level: float = LEVEL) -> list[float]:
+    """Percentile interval ``[low, high]`` of bootstrap ``samples`` (non-finite samples dropped)."""
+    return _interval(np.asarray(samples, dtype=np.float64), level)
+
+
 def _interval(samples: np.ndarray, level: float) -> list[float]:
     samples = samples[np.isfinite(samples)]
     if samples.size == 0:
@@ -56,6 +71,27 @@ def _interval(samples: np.ndarray, level: float) -> list[float]:
 
 def bootstrap_ratio(numerators, denominators, rng, *, resamples: int = RESAMPLES, level: float = LEVEL):
     """Percentile interval ``[low, high]`` of ``sum(numerators) / sum(denominators)`` over resampled prompts."""
+    return _interval(ratio_samples(numerators, denominators, rng, resamples=resamples), level)
+
+
+def difference_interval(measured, predicted, *, level: float = LEVEL) -> list[float]:
+    """Percentile interval of ``measured* − predicted*`` for independent bootstrap samples of the two halves.
+
+    The a-priori prediction has its own noise (a finite calibration half); resampling the evaluation prompts
+    (``measured``) and the calibration prompts (``predicted``) independently and differencing them gives the
+    interval that covers both. A prediction is *consistent* with the run when 0 lies in it.
+    """
+    measured = np.asarray(measured, dtype=np.float64)
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if measured.ndim != 1 or predicted.ndim != 1 or measured.size == 0 or predicted.size == 0:
+        raise ValueError("measured and predicted must be non-empty 1-D arrays of bootstrap samples")
+    size = max(measured.size, predicted.size)
+    paired = np.resize(measured, size) - np.resize(predicted, size)
+    return _interval(paired, level)
+
+
+def ratio_samples(numerators, denominators, rng, *, resamples: int = RESAMPLES) -> np.ndarray:
+    """Bootstrap samples of ``sum(numerators) / sum(denominators)`` over resampled prompts."""
     top = _check(numerators, "numerators")
     bottom = _check(denominators, "denominators")
     if top.shape != bottom.shape:
@@ -64,11 +100,16 @@ def bootstrap_ratio(numerators, denominators, rng, *, resamples: int = RESAMPLES
         )
     index = _indices(top.size, rng, resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _interval(top[index].sum(1) / bottom[index].sum(1), level)
+        return top[index].sum(1) / bottom[index].sum(1)
 
 
 def bootstrap_speedup(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RESAMPLES, level=LEVEL):
     """Interval of ``(Σ tokens / Σ seconds) / (Σ ar_tokens / Σ ar_seconds)``, prompts resampled in pairs."""
+    return _interval(speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, resamples=resamples), level)
+
+
+def speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RESAMPLES) -> np.ndarray:
+    """Bootstrap samples of the paired speedup of :func:`bootstrap_speedup`."""
     arrays = [
         _check(v, n)
         for v, n in (
@@ -85,7 +126,7 @@ def bootstrap_speedup(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=
     index = _indices(arrays[0].size, rng, resamples)
     tok, sec, ar_tok, ar_sec = (a[index].sum(1) for a in arrays)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _interval((tok / sec) / (ar_tok / ar_sec), level)
+        return (tok / sec) / (ar_tok / ar_sec)
 
 
 def position_intervals(reached, drafted, rng, *, resamples=RESAMPLES, level=LEVEL):

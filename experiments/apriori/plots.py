@@ -5,8 +5,9 @@
 * ``acceptance.png``: acceptance by position, predicted (line) against measured (points with intervals);
 * ``budget.png``: speedup against tree size, the planner's predicted curve (:func:`theory.plan_tree`'s best
   speedup at each size) with the measured trees;
-* ``multidraft.png``: the optimal acceptance against the predicted and measured acceptance of each
-  multi-draft verifier by ``n`` and temperature (the analogue of the multi-draft paper's main table, Hu et al.,
+* ``multidraft.png``: the optimal acceptance α* against each multi-draft verifier's acceptance by ``n``
+  (lines: exact on the same calibration positions; points: measured in its own run) and the efficiency α/α*,
+  per temperature (the analogue of the multi-draft paper's main table, Hu et al.,
   ICLR 2025, arXiv 2502.18779).
 """
 
@@ -136,33 +137,43 @@ def write_plots(report: dict, out) -> list[str]:
     axes.legend(fontsize=8)
     _save(figure, out / "budget.png")
 
-    figure, grid = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4), squeeze=False)
-    for axes, t in zip(grid[0], temperatures, strict=True):
-        chosen = [
-            r
-            for r in rows
-            if r["temperature"] == t and r["kind"] == "multidraft" and r["measured_acceptance"]
-        ]
-        labels = [f"{r['verifier']}\nn={r['n']}" for r in chosen]
-        x = np.arange(len(chosen))
-        axes.bar(
-            x - 0.25,
-            [r.get("optimal_acceptance", np.nan) for r in chosen],
-            0.25,
-            label="optimal α*",
-            color="grey",
-        )
-        axes.bar(x, [r["predicted_acceptance"][0] for r in chosen], 0.25, label="predicted", color="tab:blue")
-        axes.bar(
-            x + 0.25,
-            [r["measured_acceptance"][0] for r in chosen],
-            0.25,
-            label="measured",
-            color="tab:orange",
-        )
-        axes.set_xticks(x, labels, fontsize=7)
-        axes.set_ylabel("acceptance α")
-        axes.set_title(f"T = {t:g}")
-        axes.legend(fontsize=7)
+    figure, grid = plt.subplots(2, len(temperatures), figsize=(5.5 * len(temperatures), 7), squeeze=False)
+    for column, t in enumerate(temperatures):
+        top, bottom = grid[0][column], grid[1][column]
+        table = report.get("multidraft", {}).get(f"T{t:g}", [])
+        names = sorted({e["verifier"] for e in table})
+        for index, name in enumerate(names):
+            colour = plt.cm.tab10(index % 10)
+            entries = sorted((e for e in table if e["verifier"] == name), key=lambda e: e["n"])
+            ns = [e["n"] for e in entries]
+            top.plot(ns, [e["acceptance"] for e in entries], "-", color=colour, lw=1.2, label=name)
+            bottom.plot(
+                ns, [e["efficiency"] or np.nan for e in entries], "-", color=colour, lw=1.2, label=name
+            )
+            done = [e for e in entries if e["measured_acceptance"] is not None]
+            if done:
+                values = [e["measured_acceptance"] for e in done]
+                low = [max(v - e["measured_ci"][0], 0) for v, e in zip(values, done, strict=True)]
+                high = [max(e["measured_ci"][1] - v, 0) for v, e in zip(values, done, strict=True)]
+                top.errorbar([e["n"] for e in done], values, yerr=[low, high], fmt="o", color=colour, ms=3)
+                bottom.plot(
+                    [e["n"] for e in done],
+                    [e["measured_efficiency"] or np.nan for e in done],
+                    "o",
+                    color=colour,
+                    ms=3,
+                )
+        bounds = {
+            e["n"]: e["optimal_acceptance"] for e in table if e["verifier"] in ("rrs", "kseq", "optimal")
+        }
+        if bounds:
+            ns = sorted(bounds)
+            top.plot(ns, [bounds[n] for n in ns], "--", color="black", lw=1, label="optimal α*")
+        bottom.axhline(1.0, color="black", lw=1, ls="--")
+        top.set_title(f"T = {t:g}: lines same positions, points own runs")
+        top.set_ylabel("root acceptance α")
+        bottom.set_ylabel("efficiency α / α*")
+        bottom.set_xlabel("drafts n")
+        top.legend(fontsize=7)
     _save(figure, out / "multidraft.png")
     return list(PLOTS)

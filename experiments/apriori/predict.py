@@ -37,6 +37,7 @@ __all__ = [
     "DecoderConfig",
     "Prediction",
     "bucket_model",
+    "depth_length_law",
     "length_law",
     "level_tree",
     "plan_configurations",
@@ -210,6 +211,47 @@ def length_law(rule, model) -> tuple[np.ndarray, np.ndarray]:
     return k_law, reach
 
 
+def depth_length_law(rule, belief: dict, laws: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`length_law` when the bucket law depends on the position: ``laws[d]`` (``probability`` and
+    ``acceptance`` per bucket, :func:`~experiments.apriori.calibrate.depth_buckets`) is the law of position
+    ``d + 1``, while the rule decides on ``belief`` (the pooled buckets the executor's :class:`BucketStopRule`
+    holds: ``acceptance``, ``confidence``, ``probability``). States are whole bucket paths (their survival is
+    no longer fixed by the bucket counts): at most ``B ** horizon``.
+    """
+    import theory
+
+    horizon = len(laws)
+    accept = np.asarray(belief["acceptance"], dtype=np.float64)
+    confidence = np.asarray(belief["confidence"], dtype=np.float64)
+    mean = float(np.dot(belief["probability"], accept))
+    k_law, reach = np.zeros(horizon + 1), np.zeros(horizon)
+    level = {(): (1.0, 1.0, 1.0)}  # bucket path -> (mass, the rule's belief that all are accepted, survival)
+    for drafted in range(horizon + 1):
+        following = {}
+        for path, (mass, believed, survival) in level.items():
+            last = path[-1] if path else None
+            state = theory.DraftState(
+                drafted,
+                believed,
+                None if last is None else float(accept[last]),
+                None if last is None else float(confidence[last]),
+                None,
+                mean if drafted < horizon else None,
+            )
+            if drafted == horizon or not rule.should_continue(state, None):
+                k_law[drafted] += mass
+                continue
+            law = laws[drafted]
+            for bucket, weight in enumerate(law["probability"]):
+                if weight <= 0:
+                    continue
+                alive = survival * law["acceptance"][bucket]
+                reach[drafted] += mass * weight * alive
+                following[(*path, bucket)] = (mass * weight, believed * accept[bucket], alive)
+        level = following
+    return k_law, reach
+
+
 class BucketStopRule:
     """A :class:`~executor.decoders.ChainDecoder` stop rule that runs a theory length rule on the bucketed
     draft confidence, so that the executor does exactly what :func:`theory.evaluate_rule` models.
@@ -251,55 +293,72 @@ class BucketStopRule:
         return not self.rule.should_continue(state, None)
 
 
-def _tree_prediction(tree, matrix: np.ndarray, cal: Calibration, passes: int) -> Prediction:
+def _finish(config: DecoderConfig, cal: Calibration, tau: float, reach, passes_time: float, detail=None):
+    """The :class:`Prediction` with the configuration's measured per-step overhead charged on top of its target
+    and draft passes (and plain decoding's own overhead on the baseline); ``detail`` keeps the speedup without
+    the overheads (the model before they were measured)."""
+    t1 = cal.latency.target_time[1]
+    overhead = float(cal.overhead.get(config.label, 0.0))
+    baseline = t1 + float(cal.overhead.get("ar", 0.0))
+    step = passes_time + overhead
+    detail = {**(detail or {}), "overhead": overhead, "speedup_passes_only": tau * t1 / passes_time}
+    return Prediction(float(tau), [float(a) for a in reach], step, tau * baseline / step, detail)
+
+
+def _tree_prediction(config, tree, matrix: np.ndarray, cal: Calibration, passes: int) -> Prediction:
     import theory
 
     distribution = theory.tree_token_distribution(tree, matrix)
     reach = [float(distribution[k:].sum()) for k in range(1, distribution.size)]
     tau = theory.tree_expected_tokens(tree, matrix)
     step = cal.latency.t(tree.size) + passes * cal.latency.draft_time
-    return Prediction(tau, reach, step, tau * cal.latency.target_time[1] / step, {"size": tree.size})
+    return _finish(config, cal, tau, reach, step, {"size": tree.size})
 
 
-def predict(config: DecoderConfig, cal: Calibration) -> Prediction:
-    """The theory's :class:`Prediction` for ``config`` from the calibration alone (see the module docstring)."""
+def predict(config: DecoderConfig, cal: Calibration, *, rule_buckets: dict | None = None) -> Prediction:
+    """The theory's :class:`Prediction` for ``config`` from the calibration alone (see the module docstring).
+
+    ``rule_buckets`` are the buckets a stop rule decides on (default ``cal.buckets``; a bootstrap resample of
+    the calibration passes the point calibration's, which the executor runs).
+    """
     import theory
 
     lat = cal.latency
     t1 = lat.target_time[1]
     if config.kind == "ar":
-        return Prediction(1.0, [], t1, 1.0)
+        return _finish(config, cal, 1.0, [], t1)
     if config.kind == "chain":
         alphas = np.asarray(cal.positional[: config.gamma])
         tau = theory.expected_tokens(alphas, config.gamma)
         step = lat.t(config.gamma + 1) + config.gamma * lat.draft_time
-        return Prediction(tau, np.cumprod(alphas).tolist(), step, tau * t1 / step)
+        return _finish(config, cal, tau, np.cumprod(alphas), step)
     if config.kind == "multidraft":
         alpha = cal.multidraft[f"{config.verifier}-n{config.n}"]
         step = lat.t(config.n + 1) + lat.draft_time
         bound = cal.bound[f"{config.verifier}-n{config.n}"]
-        return Prediction(
-            1.0 + alpha, [alpha], step, (1.0 + alpha) * t1 / step, {"optimal_acceptance": bound}
-        )
+        return _finish(config, cal, 1.0 + alpha, [alpha], step, {"optimal_acceptance": bound})
     matrix = _matrix(cal)
     if config.kind == "tree":
         tree = theory.Tree(list(config.parents))
-        return _tree_prediction(tree, matrix, cal, tree.depth)
+        return _tree_prediction(config, tree, matrix, cal, tree.depth)
     if config.kind == "dynamic":
         tree, passes = level_tree(matrix, config.budget, config.gamma, config.n)
-        return _tree_prediction(tree, matrix, cal, passes)
+        return _tree_prediction(config, tree, matrix, cal, passes)
     if config.kind == "stop":
         model = bucket_model(cal, config.gamma)
         rule = _theory_rule(config.rule, config.threshold, config.gamma)
-        k_law, reach = length_law(rule, model)
-        evaluation = theory.evaluate_rule(rule, model, theory.LengthCosts(lat.draft_time, t1))
+        pooled = theory.evaluate_rule(rule, model, theory.LengthCosts(lat.draft_time, t1)).tokens_per_step
+        if cal.depth_buckets:
+            laws = cal.depth_buckets[: config.gamma]
+            k_law, reach = depth_length_law(rule, rule_buckets or cal.buckets, laws)
+        else:
+            k_law, reach = length_law(rule, model)
         sizes = np.arange(k_law.size)
         passes = sizes + (sizes < config.gamma)
         step = float(sum(w * (lat.t(k + 1) + passes[k] * lat.draft_time) for k, w in enumerate(k_law)))
-        tau = evaluation.tokens_per_step
-        return Prediction(
-            tau, reach.tolist(), step, tau * t1 / step, {"drafted": evaluation.drafted_per_step}
-        )
+        tau = 1.0 + float(reach.sum())
+        drafted = float(np.dot(sizes, k_law))
+        return _finish(config, cal, tau, reach, step, {"drafted": drafted, "pooled_tau": pooled})
     raise ValueError(f"config.kind: unknown decoder kind {config.kind!r}")
 
 

@@ -17,10 +17,12 @@ import numpy as np
 
 from experiments.apriori.calibrate import Calibration, LatencyProfile, calibrate
 from experiments.apriori.compare import (
-    bootstrap_ratio,
-    bootstrap_speedup,
     diagnose,
+    difference_interval,
+    interval,
     position_intervals,
+    ratio_samples,
+    speedup_samples,
     within_ci,
 )
 from experiments.apriori.predict import DecoderConfig, predict
@@ -66,9 +68,17 @@ def evaluate_rows(
     *,
     depth: int,
     seed: int = 0,
+    resampled: list[Calibration] = (),
 ) -> list[dict]:
     """Rows of ``results.json`` for one temperature: prediction from ``cal``, measurement from ``eval_units``
-    (label -> unit records, plain decoding under ``"ar"``), paired by prompt."""
+    (label -> unit records, plain decoding under ``"ar"``), paired by prompt.
+
+    ``resampled`` are calibrations of bootstrap resamples of the calibration prompts
+    (:func:`calibration_resamples`): their predictions give ``predicted_tau_ci`` / ``predicted_speedup_ci``
+    (the prediction's own noise) and ``within_combined_ci`` / ``speedup_within_combined_ci`` (0 inside the
+    interval of measured − predicted, both halves resampled). ``within_ci`` is unchanged: the point
+    prediction inside the measured interval.
+    """
     rng = np.random.default_rng(seed)
     ar_units = {u["prompt"]: u for u in eval_units.get("ar", [])}
     rows = []
@@ -91,8 +101,12 @@ def evaluate_rows(
             measured_acc, acc_ci = position_intervals(reached, drafted, rng)
         else:
             measured_acc, acc_ci = [], []
-        tau_ci = bootstrap_ratio(tokens, steps, rng)
-        speedup_ci = bootstrap_speedup(tokens, seconds, ar_tokens, ar_seconds, rng)
+        tau_samples = ratio_samples(tokens, steps, rng)
+        speedup_boot = speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng)
+        tau_ci, speedup_ci = interval(tau_samples), interval(speedup_boot)
+        again = [predict(decoder, c, rule_buckets=cal.buckets) for c in resampled]
+        predicted_taus = np.array([p.tau for p in again]) if again else np.array([prediction.tau])
+        predicted_speedups = np.array([p.speedup for p in again]) if again else np.array([prediction.speedup])
         measured_tau = float(tokens.sum() / steps.sum())
         tokens_per_s = float(tokens.sum() / seconds.sum())
         speedup = tokens_per_s / float(ar_tokens.sum() / ar_seconds.sum())
@@ -118,11 +132,18 @@ def evaluate_rows(
             "predicted_speedup": prediction.speedup,
             "speedup_within_ci": within_ci(prediction.speedup, speedup_ci),
             "speedup_within_10pct": abs(prediction.speedup / speedup - 1.0) <= SPEEDUP_TOLERANCE,
+            "predicted_tau_ci": interval(predicted_taus),
+            "joint_tau_ci": difference_interval(tau_samples, predicted_taus),
+            "predicted_speedup_ci": interval(predicted_speedups),
+            "joint_speedup_ci": difference_interval(speedup_boot, predicted_speedups),
             "predicted_step_time": prediction.step_time,
             "measured_step_time": float(seconds.sum() / steps.sum()),
             "note": decoder.note,
+            "within_combined_ci": None,
             "detail": prediction.detail,
         }
+        row["within_combined_ci"] = within_ci(0.0, row["joint_tau_ci"])
+        row["speedup_within_combined_ci"] = within_ci(0.0, row["joint_speedup_ci"])
         records = [r for u in units for r in u["records"]]
         if decoder.kind != "ar" and any(r["depth"] == 0 for r in records):
             replay_tau, z = _replay(units)
@@ -159,7 +180,33 @@ def _load(path: Path):
     return json.loads(path.read_text())
 
 
-def build_report(config, out, drafter: str) -> dict:
+#: Bootstrap resamples of the calibration prompts for the predictions' own intervals.
+CALIBRATION_RESAMPLES = 200
+
+
+def calibration_resamples(
+    units: list[dict], cal: Calibration, *, depth: int, seed: int, resamples: int = CALIBRATION_RESAMPLES
+) -> list[Calibration]:
+    """Calibrations of ``resamples`` bootstrap resamples of the calibration prompts (whole prompts drawn with
+    replacement from ``units``, the calibration chains), with the point calibration ``cal``'s bucket edges,
+    latency profile and overheads (the configurations and the stop rules' buckets stay those that ran).
+    A resample without a root event is skipped."""
+    rng = np.random.default_rng([seed, 7])
+    out = []
+    for _ in range(resamples):
+        chosen = [units[i] for i in rng.integers(0, len(units), size=len(units))]
+        records = [r for u in chosen for r in u["records"]]
+        if not any(r["depth"] == 0 for r in records):
+            continue
+        again = calibrate(
+            records, cal.latency, temperature=cal.temperature, depth=depth, edges=cal.buckets["edges"]
+        )
+        again.overhead = dict(cal.overhead)
+        out.append(again)
+    return out
+
+
+def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
     """Recompute predictions from calibration units, measure from evaluation units, write every output."""
     from executor.files import write_json, write_text
     from experiments.apriori.plots import write_plots
@@ -170,9 +217,11 @@ def build_report(config, out, drafter: str) -> dict:
     report = {
         "config": asdict(config),
         "drafter": drafter,
+        "drafter_note": drafter_note,
         "latency": latency.to_json(),
         "calibration": {},
         "planning": {},
+        "multidraft": {},
         "rows": [],
     }
     for t in config.temperatures:
@@ -190,7 +239,13 @@ def build_report(config, out, drafter: str) -> dict:
             units.setdefault(unit["decoder"], []).append(unit)
         report["calibration"][_tag(t)] = cal.to_json()
         report["planning"][_tag(t)] = stored["planning"]
-        report["rows"] += evaluate_rows(t, cal, decoders, units, depth=config.depth, seed=config.seed)
+        calib_units = [_load(p) for p in sorted((out / "units").glob(f"calib-{_tag(t)}--*.json"))]
+        resampled = calibration_resamples(calib_units, cal, depth=config.depth, seed=config.seed)
+        rows = evaluate_rows(
+            t, cal, decoders, units, depth=config.depth, seed=config.seed, resampled=resampled
+        )
+        report["rows"] += rows
+        report["multidraft"][_tag(t)] = multidraft_table(cal, rows)
     write_json(
         {"rows": report["rows"], **{k: v for k, v in report.items() if k != "rows"}},
         str(out / "results.json"),
@@ -198,6 +253,34 @@ def build_report(config, out, drafter: str) -> dict:
     plots = write_plots(report, out)
     write_text(render_markdown(report, plots), out / "report.md")
     return report
+
+
+def multidraft_table(cal: Calibration, rows: list[dict]) -> list[dict]:
+    """Per ``n`` and verifier: the exact acceptance on the *same* positions (the calibration half's root
+    events, every verifier on each), the optimum α* there and the efficiency α/α*; next to it the acceptance
+    each verifier achieved in its own evaluation run, its optimum on those positions and that efficiency."""
+    measured = {(r["verifier"], r["n"]): r for r in rows if r["kind"] == "multidraft"}
+    table = []
+    for key in sorted(cal.multidraft, key=lambda k: (int(k.rpartition("-n")[2]), k)):
+        name, _, n = key.rpartition("-n")
+        bound = cal.bound[key]
+        row = measured.get((name, int(n)))
+        achieved = row["measured_acceptance"][0] if row and row["measured_acceptance"] else None
+        own_bound = row.get("measured_optimal_acceptance") if row else None
+        table.append(
+            {
+                "verifier": name,
+                "n": int(n),
+                "acceptance": cal.multidraft[key],
+                "optimal_acceptance": bound,
+                "efficiency": cal.multidraft[key] / bound if bound > 0 else None,
+                "measured_acceptance": achieved,
+                "measured_ci": row["acceptance_ci"][0] if row and row["acceptance_ci"] else None,
+                "measured_optimal_acceptance": own_bound,
+                "measured_efficiency": achieved / own_bound if achieved is not None and own_bound else None,
+            }
+        )
+    return table
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -217,7 +300,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         "",
         SECTIONS[0],
         "",
-        f"Model: {config['model'] or 'embedded SmolLM2-135M-Instruct'}; drafter {report['drafter']}; "
+        f"Model: {config['model'] or 'embedded SmolLM2-135M-Instruct'}; drafter {report['drafter']}"
+        + (f" ({report['drafter_note']})" if report.get("drafter_note") else "")
+        + "; "
         f"{config['prompts']} HumanEval prompts split by seed {config['seed']} into a calibration and an "
         f"evaluation half; {config['max_new_tokens']} new tokens; temperatures "
         f"{', '.join(f'{t:g}' for t in config['temperatures'])}. Latency {report['latency']['source']}: "
@@ -246,25 +331,45 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         "*a-priori* is predicted from the calibration half only; *replay* feeds the evaluation run's own logged "
         "(p, q) to the theory (|z| < 3: executor and theory agree).",
         "",
-        "| decoder | T | a-priori τ | measured τ [95% CI] | in CI | replay τ | replay z | predicted speedup "
-        "| measured speedup [95% CI] | within 10% | tokens/s |",
-        "|---|---:|---:|---|:-:|---:|---:|---:|---|:-:|---:|",
+        "*in CI*: the point prediction inside the measured interval. *in joint CI*: 0 inside the 95% interval "
+        "of measured − predicted with both halves resampled (evaluation prompts for the measurement, "
+        "calibration prompts for the prediction, whose own interval is the *cal. CI*).",
+        "",
+        "| decoder | T | a-priori τ [cal. CI] | measured τ [95% CI] | in CI | in joint CI | replay τ | replay z "
+        "| predicted speedup [cal. CI] | measured speedup [95% CI] | within 10% | tokens/s |",
+        "|---|---:|---|---|:-:|:-:|---:|---:|---|---|:-:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['decoder']} | {r['temperature']:g} | {_fmt(r['predicted_tau'])} | {_fmt(r['measured_tau'])} "
-            f"{_ci(r['tau_ci'])} | {'yes' if r['within_ci'] else '**no**'} | {_fmt(r['replay_tau'])} "
-            f"| {_fmt(r['replay_z'], 2)} | {_fmt(r['predicted_speedup'])} | {_fmt(r['speedup_vs_ar'])} "
-            f"{_ci(r['speedup_ci'])} | {'yes' if r['speedup_within_10pct'] else 'no'} | {_fmt(r['tokens_per_s'], 1)} |"
+            f"| {r['decoder']} | {r['temperature']:g} | {_fmt(r['predicted_tau'])} {_ci(r['predicted_tau_ci'])} "
+            f"| {_fmt(r['measured_tau'])} {_ci(r['tau_ci'])} | {'yes' if r['within_ci'] else '**no**'} "
+            f"| {'yes' if r['within_combined_ci'] else '**no**'} | {_fmt(r['replay_tau'])} "
+            f"| {_fmt(r['replay_z'], 2)} | {_fmt(r['predicted_speedup'])} {_ci(r['predicted_speedup_ci'])} "
+            f"| {_fmt(r['speedup_vs_ar'])} {_ci(r['speedup_ci'])} | {'yes' if r['speedup_within_10pct'] else 'no'} "
+            f"| {_fmt(r['tokens_per_s'], 1)} |"
         )
     inside = sum(r["within_ci"] for r in rows)
+    joint = sum(r["within_combined_ci"] for r in rows)
     close = sum(r["speedup_within_10pct"] for r in rows)
     lines += [
         "",
-        f"{inside} of {len(rows)} a-priori τ predictions inside their interval; {close} of {len(rows)} "
-        "speedup predictions within 10%.",
+        f"{inside} of {len(rows)} a-priori τ predictions inside their interval ({joint} of {len(rows)} inside the "
+        f"joint interval); {close} of {len(rows)} speedup predictions within 10%.",
         "",
+        "Step model: target pass t(size) + draft passes + the configuration's overhead per step (verification, "
+        "sampling, logging; measured on the first calibration prompt). Speedup without the overheads and, for "
+        "the stop rules, τ of the pooled bucket model:",
+        "",
+        "| decoder | T | overhead ms/step | predicted speedup without overheads | pooled-bucket τ |",
+        "|---|---:|---:|---:|---:|",
     ]
+    for r in rows:
+        detail = r["detail"]
+        lines.append(
+            f"| {r['decoder']} | {r['temperature']:g} | {_fmt(1000 * detail.get('overhead', float('nan')), 2)} "
+            f"| {_fmt(detail.get('speedup_passes_only'))} | {_fmt(detail.get('pooled_tau'))} |"
+        )
+    lines.append("")
     notes = [f"- `{r['decoder']}` at T = {r['temperature']:g}: {r['note']}" for r in rows if r["note"]]
     lines += notes + ([""] if notes else [])
     lines += [
@@ -309,14 +414,25 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         "",
         SECTIONS[5],
         "",
-        "| verifier | n | T | optimal α* | predicted α | measured α |",
-        "|---|---:|---:|---:|---:|---:|",
+        "Root acceptance with n drafts. *Same positions*: every verifier's exact acceptance on the calibration "
+        "half's root events, against the optimum α* for the same draft law there (`theory.optimal_acceptance`; "
+        "the optimal verifier attains it for i.i.d. drafts). *Own run*: the acceptance each verifier achieved "
+        "in its evaluation run [95% CI], and its efficiency against α* on that run's positions.",
+        "",
+        "| T | n | verifier | α (same positions) | α* | α/α* | measured α [95% CI] | α/α* (own run) |",
+        "|---:|---:|---|---:|---:|---:|---|---:|",
     ]
-    for r in rows:
-        if r["kind"] == "multidraft" and r["measured_acceptance"]:
+    for tag, table in report.get("multidraft", {}).items():
+        for e in table:
+            measured = (
+                "–"
+                if e["measured_acceptance"] is None
+                else (f"{_fmt(e['measured_acceptance'])} {_ci(e['measured_ci'])}")
+            )
             lines.append(
-                f"| {r['verifier']} | {r['n']} | {r['temperature']:g} | {_fmt(r.get('optimal_acceptance'))} "
-                f"| {_fmt(r['predicted_acceptance'][0])} | {_fmt(r['measured_acceptance'][0])} |"
+                f"| {tag[1:]} | {e['n']} | {e['verifier']} | {_fmt(e['acceptance'])} "
+                f"| {_fmt(e['optimal_acceptance'])} | {_fmt(e['efficiency'])} | {measured} "
+                f"| {_fmt(e['measured_efficiency'])} |"
             )
     lines += [
         "",

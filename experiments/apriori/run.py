@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -28,7 +29,16 @@ from experiments.apriori.calibrate import (
 )
 from experiments.apriori.predict import BucketStopRule, DecoderConfig, plan_configurations, predict
 
-__all__ = ["AprioriConfig", "calibration_records", "run_apriori", "run_generation", "write_unit_log"]
+__all__ = [
+    "AprioriConfig",
+    "StepClock",
+    "calibration_records",
+    "overhead_per_step",
+    "resolve_drafter",
+    "run_apriori",
+    "run_generation",
+    "write_unit_log",
+]
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,14 @@ class AprioriConfig:
     budgets: tuple[int, ...] = (4, 8)
     multidraft: tuple[tuple[str, int], ...] = (
         ("rrs", 2),
-        ("rrs", 3),
+        ("rrs", 4),
+        ("rrs", 8),
         ("rrs_wor", 2),
-        ("kseq", 3),
+        ("kseq", 2),
+        ("kseq", 4),
+        ("kseq", 8),
         ("spechub", 2),
-        ("greedy", 3),
+        ("greedy", 4),
     )
     decoders: tuple[str, ...] | None = None
     latency: str | None = None
@@ -71,7 +84,7 @@ QUICK = {
     "depth": 3,
     "max_budget": 8,
     "budgets": (),
-    "multidraft": (("rrs", 2), ("kseq", 3), ("spechub", 2)),
+    "multidraft": (("rrs", 2), ("rrs", 4), ("rrs", 8), ("kseq", 2), ("kseq", 4), ("kseq", 8), ("spechub", 2)),
 }
 
 #: Decoder names ``--decoders`` accepts (plain decoding always runs: it is the speedup baseline).
@@ -157,7 +170,11 @@ def run_generation(
 
     built, recorder = build_decoder(decoder, model, drafter, temperature, calibration)
     generator = torch.Generator(device=model.tok_embeddings.weight.device).manual_seed(seed)
-    result = built.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+    clock = StepClock(model, built, recorder)
+    try:
+        result = built.generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
+    finally:
+        clock.detach()
     if log_path is not None:
         write_unit_log(result, log_path, temperature=temperature, top_k=log_top_k)
     depth = max((len(s.accepted) for s in result.steps), default=0)
@@ -191,9 +208,68 @@ def run_generation(
         "tokens": sum(len(s.emitted) for s in result.steps),
         "seconds": result.wall_time - result.prefill_time,
         "drafted_steps": sum(1 for s in result.steps if s.n_drafted > 0),
+        "step_seconds": clock.step_seconds,
+        "target_seconds": clock.target_seconds,
+        "draft_seconds": sum(t for _, t in recorder.call_times) if recorder is not None else 0.0,
         "reached": reached,
         "records": records,
     }
+
+
+class StepClock:
+    """Times a decoder's steps and, within them, the target's forward passes (those the drafter makes, as an
+    early-exit drafter does, are the drafter's): what a step spends beyond its target and draft passes is the
+    configuration's *overhead* (verification, sampling, logging, bookkeeping), which the prediction charges.
+
+    Wraps ``decoder.step`` and ``model.forward`` for one generation; :meth:`detach` restores the model.
+    """
+
+    def __init__(self, model, decoder, recorder=None) -> None:
+        import time
+
+        self.model, self.recorder = model, recorder
+        self.step_seconds = self.target_seconds = 0.0
+        self.in_step = False
+        self._own_forward = model.__dict__.get("forward")
+        forward, step = model.forward, decoder.step
+
+        def timed_forward(*args, **kwargs):
+            if not self.in_step or (recorder is not None and recorder.drafting):
+                return forward(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.target_seconds += time.perf_counter() - start
+
+        def timed_step(state, generator):
+            start = time.perf_counter()
+            self.in_step = True
+            try:
+                return step(state, generator)
+            finally:
+                self.in_step = False
+                self.step_seconds += time.perf_counter() - start
+
+        model.forward = timed_forward
+        decoder.step = timed_step
+
+    def detach(self) -> None:
+        """Give the model its own ``forward`` back (the wrapper is an instance attribute)."""
+        if self._own_forward is None:
+            self.model.__dict__.pop("forward", None)
+        else:
+            self.model.forward = self._own_forward
+
+
+def overhead_per_step(units: list[dict]) -> float:
+    """Seconds per step beyond the target and draft passes, pooled over ``units`` (0 for units measured
+    before the clock existed)."""
+    steps = sum(u["steps"] for u in units)
+    if not steps or any("step_seconds" not in u for u in units):
+        return 0.0
+    spent = sum(u["step_seconds"] - u["target_seconds"] - u["draft_seconds"] for u in units)
+    return max(spent / steps, 0.0)
 
 
 def write_unit_log(result, path, *, temperature: float, top_k: int | None = None) -> int:
@@ -280,9 +356,8 @@ def run_apriori(
         eos_id = tokenizer.eos_id
     if prompt_ids is None or len(prompt_ids) != config.prompts:
         raise ValueError(f"prompt_ids: expected {config.prompts} prompts")
-    from executor.drafters import default_drafter
-
-    drafter = config.drafter or default_drafter(model, train_if_missing=model_loaded_here)
+    drafter, drafter_note = resolve_drafter(config, model, train_if_missing=model_loaded_here)
+    print(f"validate: drafting with {drafter} ({drafter_note})", file=sys.stderr)
     calibration_half, evaluation_half = split_prompts(config.prompts, config.seed)
     bar = _progress(progress)
 
@@ -312,7 +387,8 @@ def run_apriori(
     elif config.latency:
         latency = read_latency(config.latency)
     else:
-        sizes = range(1, max(config.max_budget, config.depth + 1) + 1)
+        widest = max([n + 1 for _, n in config.multidraft], default=1)
+        sizes = range(1, max(config.max_budget, config.depth + 1, widest) + 1)
         latency = measure_latency(model, drafter, sizes, temperature=max(config.temperatures))
     _write_json(latency.to_json(), latency_path)
 
@@ -332,6 +408,24 @@ def run_apriori(
                 max_budget=config.max_budget,
             )
             decoders = [d for d in decoders if _selected(config, d)]
+            # Each configuration's per-step overhead, measured on the first calibration prompt.
+            index = calibration_half[0]
+            for decoder in bar(decoders, desc=f"overhead {_tag(t)}"):
+                path = out / "units" / f"overhead-{_tag(t)}--{decoder.label}--{index:03d}.json"
+                if not path.exists():
+                    record = run_generation(
+                        decoder,
+                        model,
+                        prompt_ids[index],
+                        drafter=drafter,
+                        temperature=t,
+                        max_new_tokens=config.max_new_tokens,
+                        seed=config.seed + 2000 + index,
+                        eos_id=eos_id,
+                        calibration=cal,
+                    )
+                    _write_json({"prompt": index, **record, "records": []}, path)
+            cal = calibrate_from_units(out, t, config, latency, calibration_half)
             predictions = {
                 "temperature": t,
                 "planning": planning,
@@ -369,7 +463,29 @@ def run_apriori(
         )
         if not path.exists():
             _write_json({"prompt": index, **record}, path)
-    return build_report(config, out, drafter)
+    return build_report(config, out, drafter, drafter_note=drafter_note)
+
+
+def resolve_drafter(config: AprioriConfig, model, *, train_if_missing: bool) -> tuple[str, str]:
+    """The drafter of the run and where it comes from.
+
+    ``--drafter`` when given; otherwise the trained feature head (issue 8): the cached one for ``model``, or,
+    with ``train_if_missing`` (the embedded model, loaded by the run), one trained now on the standard
+    library, with a message (minutes, once). A model without the embedded vocabulary, or a model passed in
+    (tests), drafts with the early exit at 2/3 of its layers, and the report says so.
+    """
+    from executor.drafters import default_drafter
+    from executor.training import trainer
+
+    if config.drafter:
+        return config.drafter, "named by --drafter"
+    cached = trainer.cached_checkpoints(model, "feature")
+    drafter = default_drafter(model, train_if_missing=train_if_missing)
+    if drafter != "feature":
+        return drafter, "no trained feature head for this model, none trained: the early-exit fallback"
+    if cached:
+        return drafter, f"trained feature head from the cache, {cached[0]}"
+    return drafter, f"feature head trained in this run, {trainer.cached_checkpoints(model, 'feature')[0]}"
 
 
 def calibrate_from_units(
@@ -377,9 +493,19 @@ def calibrate_from_units(
 ) -> Calibration:
     """The calibration of one temperature from its calibration units on disk (nothing else is read)."""
     units = _units(out, f"calib-{_tag(temperature)}--*.json")
-    return calibrate(
+    cal = calibrate(
         calibration_records(units), latency, temperature=temperature, depth=config.depth, prompts=prompts
     )
+    cal.overhead = overheads(out, temperature)
+    return cal
+
+
+def overheads(out: Path, temperature: float) -> dict[str, float]:
+    """Per-step overhead of each configuration from its overhead units (calibration half) on disk."""
+    grouped: dict[str, list[dict]] = {}
+    for unit in _units(out, f"overhead-{_tag(temperature)}--*.json"):
+        grouped.setdefault(unit["decoder"], []).append(unit)
+    return {label: overhead_per_step(units) for label, units in sorted(grouped.items())}
 
 
 def _progress(enabled: bool):

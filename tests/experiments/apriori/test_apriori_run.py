@@ -70,6 +70,12 @@ def test_quick_validate_writes_every_section(tiny_run):
     kinds = {(r["temperature"], r["kind"]) for r in rows}
     for t in (0.0, 1.0):
         assert {(t, k) for k in ("ar", "chain", "multidraft", "tree", "dynamic", "stop")} <= kinds
+        optimal = {r["n"] for r in rows if r["temperature"] == t and r["verifier"] == "optimal"}
+        assert optimal == {2, 4, 8}  # issue 9: the optimal verifier's rows next to RRS and K-SEQ
+    overheads = sorted((out / "units").glob("overhead-T1--*.json"))
+    assert {json.loads(p.read_text())["decoder"] for p in overheads} == {
+        r["decoder"] for r in rows if r["temperature"] == 1.0
+    }
     for row in rows:
         assert all(name in row for name in FIELDS) and row["prediction"] == "a-priori"
         low, high = row["tau_ci"]
@@ -77,6 +83,11 @@ def test_quick_validate_writes_every_section(tiny_run):
         low, high = row["speedup_ci"]
         assert row["speedup_within_ci"] == (low - 1e-12 <= row["predicted_speedup"] <= high + 1e-12)
         assert len(row["predicted_acceptance"]) == len(row["measured_acceptance"])
+        low, high = row["joint_tau_ci"]  # measured − predicted, both halves resampled
+        assert row["within_combined_ci"] == (low - 1e-12 <= 0.0 <= high + 1e-12)
+        low, high = row["joint_speedup_ci"]
+        assert row["speedup_within_combined_ci"] == (low - 1e-12 <= 0.0 <= high + 1e-12)
+        assert row["detail"]["overhead"] >= 0.0
         if row["kind"] == "ar":
             assert row["measured_tau"] == row["predicted_tau"] == 1.0
         if row["temperature"] == 0 and row["kind"] != "ar":
@@ -100,14 +111,14 @@ def test_log_out_writes_every_evaluation_run_in_the_log_format_bound_reads(tiny_
         shard = LogShard.open(out / "logs" / name)
         assert shard.kind == "full" and shard.vocab_size == 10 and shard.rows >= unit["drafted_steps"]
         rows += shard.rows
-        if unit["decoder"] == "kseq-n3" and unit["temperature"] == 1.0:
+        if unit["decoder"] == "kseq-n4" and unit["temperature"] == 1.0:
             # A multi-draft step expands the root only, and every root is verified: row i of the log is the
             # (p, q) of event i, whose exact acceptance the run recorded.
             with np.load(out / "logs" / name) as archive:
                 p, q, temperature = archive["p"], archive["q"], float(archive["temperature"])
             assert temperature == 1.0 and shard.rows == len(unit["records"])
             p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
-            exact = theory.verifier("kseq").acceptance(p.astype(np.float64), q.astype(np.float64), 3)
+            exact = theory.verifier("kseq").acceptance(p.astype(np.float64), q.astype(np.float64), 4)
             recorded = [r["replay"] for r in unit["records"]]
             np.testing.assert_allclose(exact, recorded, atol=1e-5)
     capsys.readouterr()
@@ -171,6 +182,7 @@ def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
     second = build_report(config, out, "early-exit:5")["rows"]
     assert [r["predicted_tau"] for r in first] == [r["predicted_tau"] for r in second]
     assert [r["predicted_speedup"] for r in first] == [r["predicted_speedup"] for r in second]
+    assert [r["predicted_tau_ci"] for r in first] == [r["predicted_tau_ci"] for r in second]
     assert [r["measured_tau"] for r in first] != [r["measured_tau"] for r in second]
     # The calibration half does feed them: perturbing it is caught against the stored predictions.
     calibration_unit = sorted((out / "units").glob("calib-T1--*.json"))[0]
