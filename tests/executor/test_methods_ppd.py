@@ -113,3 +113,40 @@ def test_training_without_a_step_count_or_time_budget_is_refused(tiny_model):
     model = tiny(tiny_model)
     with pytest.raises(ValueError, match="max_steps"):
         train_prompt_tokens(model, windows(model), 2)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_a_resumed_training_ends_where_the_uninterrupted_one_does(
+    tiny_model, tmp_path, monkeypatch, schedule
+):
+    model = tiny(tiny_model)
+    data = windows(model)
+    whole, card = train_prompt_tokens(model, data, 2, max_steps=4, schedule=schedule)
+    state = tmp_path / "partial.pt"
+    loss, calls = ppd._window_loss, []
+
+    def stopped_at_the_third_step(*args):  # a job killed in its third training step
+        calls.append(torch.is_grad_enabled())
+        if sum(calls) == 3:
+            raise KeyboardInterrupt
+        return loss(*args)
+
+    monkeypatch.setattr(ppd, "_window_loss", stopped_at_the_third_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_prompt_tokens(model, data, 2, max_steps=4, schedule=schedule, resume=state, save_every=1)
+    monkeypatch.setattr(ppd, "_window_loss", loss)
+    assert torch.load(state, weights_only=False)["steps"] == 2
+    resumed, again = train_prompt_tokens(model, data, 2, max_steps=4, schedule=schedule, resume=state)
+    assert again["steps"] == 4 and again["held_out_initial"] == card["held_out_initial"]
+    torch.testing.assert_close(resumed.embeddings, whole.embeddings, rtol=0, atol=0)
+    # negative control: resuming from the untrained state is not the same run
+    fresh, _ = train_prompt_tokens(model, data, 2, max_steps=2, schedule=schedule)
+    assert not torch.equal(fresh.embeddings, whole.embeddings)
+
+
+def test_an_unknown_schedule_or_a_cosine_without_a_length_is_refused(tiny_model):
+    model = tiny(tiny_model)
+    with pytest.raises(ValueError, match="schedule"):
+        train_prompt_tokens(model, windows(model), 2, max_steps=2, schedule="linear")
+    with pytest.raises(ValueError, match="max_steps"):
+        train_prompt_tokens(model, windows(model), 2, seconds=1.0, schedule="cosine")
