@@ -178,6 +178,10 @@ _CHILD_ACCEPTANCE: dict = {}
 
 
 class _TreeMethod(Method):
+    """``drafter``: a spec as on the command line (``"feature"``, ``"early-exit:K"``, ...) or a factory
+    ``() -> Drafter``; by default the trained feature head when one is cached for the target (the papers
+    draft with a small trained model), else the early exit at ``exit_layer``."""
+
     def __init__(
         self,
         target,
@@ -196,37 +200,64 @@ class _TreeMethod(Method):
         self.budget = as_count(budget, "budget", minimum=2)
         self.max_depth = as_count(max_depth, "max_depth")
         self.width = as_count(width, "width")
-        self._drafter = drafter  # pluggable: a factory () -> Drafter (e.g. a trained feature head)
+        if drafter is None:
+            from executor.drafters.parse import trained_default_drafter
+
+            drafter = trained_default_drafter(target, f"early-exit:{self.exit_layer}")
+        if not (isinstance(drafter, str) or callable(drafter)):
+            raise ValueError(
+                f"drafter must be a drafter spec string or a factory, got {type(drafter).__name__}"
+            )
+        self._drafter = drafter
+        self._instance = None
         self.acc: np.ndarray | None = None
 
+    @property
+    def drafter_name(self) -> str | None:
+        return self._drafter if isinstance(self._drafter, str) else None
+
     def make_drafter(self):
-        return (
-            self._drafter() if self._drafter is not None else EarlyExitDrafter(self.target, self.exit_layer)
-        )
+        if not isinstance(self._drafter, str):
+            return self._drafter()
+        if self._drafter == f"early-exit:{self.exit_layer}":
+            return EarlyExitDrafter(self.target, self.exit_layer)
+        if self._instance is None:  # one instance (its head loaded once); every decoder restarts it
+            from executor.drafters.parse import parse_drafter
+
+            self._instance = parse_drafter(self._drafter, self.target)
+        return self._instance
 
     def options(self) -> dict:
-        return {"exit_layer": self.exit_layer, "budget": self.budget, "max_depth": self.max_depth}
+        return {
+            "drafter": self.drafter_name or "custom",
+            "exit_layer": self.exit_layer,
+            "budget": self.budget,
+            "max_depth": self.max_depth,
+        }
 
     def measure(self, prompts, temperature, max_new_tokens) -> np.ndarray:
-        """Sequoia's acceptance vector on ``prompts``; with the default early-exit drafter it is memoised, so
-        ``dyspec``, ``sequoia`` and ``staged`` calibrate once per prompt set and temperature."""
+        """Sequoia's acceptance vector on ``prompts``; for a named drafter it is memoised, so ``dyspec`` and
+        ``sequoia`` (and ``staged``, on its early exit) calibrate once per drafter, prompt set and
+        temperature."""
         from executor.methods.calibration import model_key
 
         key = (
             model_key(self.target),
+            self.drafter_name,
             self.exit_layer,
             self.width,
             float(temperature),
             tuple(tuple(p) for p in prompts),
             max_new_tokens,
         )
-        if self._drafter is None and key in _CHILD_ACCEPTANCE:
+        named = self.drafter_name is not None
+        if named and key in _CHILD_ACCEPTANCE:
             self.acc = _CHILD_ACCEPTANCE[key].copy()
             return self.acc
         self.acc = child_acceptance(
             self.target, self.make_drafter, self.width, temperature, prompts, max_new_tokens
         )
-        if self._drafter is None:
+        if named:
             _CHILD_ACCEPTANCE[key] = self.acc.copy()
         return self.acc
 

@@ -26,6 +26,7 @@ import torch
 from executor.decoders import TreeDecoder
 from executor.decoders.base import run_tree
 from executor.drafters import PromptLookupDrafter
+from executor.methods._common import default_exit_layer
 from executor.methods.dyspec import Sequoia
 from theory.checks import as_count
 
@@ -172,7 +173,13 @@ class Staged(Sequoia):
     paper = "Staged speculative decoding, Spector & Ré, arXiv 2308.04623"
 
     def __init__(self, target, tokenizer=None, *, inner_length: int = 4, **options) -> None:
-        super().__init__(target, tokenizer, **options)
+        if options.pop("drafter", None) is not None:
+            raise ValueError(
+                "drafter: staged drafts with the early exit at exit_layer (its draft² verifies it)"
+            )
+        exit_layer = options.get("exit_layer")
+        layer = default_exit_layer(target) if exit_layer is None else exit_layer
+        super().__init__(target, tokenizer, drafter=f"early-exit:{layer}", **options)
         self.inner_length = as_count(inner_length, "inner_length")
         self.draft2 = Draft2()
 
