@@ -47,6 +47,13 @@ def summarise_unit(unit: dict) -> dict:
     speedup = tokens_per_s / ar_tokens_per_s if ar_tokens_per_s else math.nan
     memory_bound = (ar_cost / ar_tokens) / (cost / tokens) if cost and tokens and ar_tokens else math.nan
     identical = all(p["identical"] for p in prompts)
+    # CPU seconds (process time, every thread) are what a loaded machine does not inflate the way it
+    # inflates wall time; units written before they were recorded have none.
+    cpu = sum(p.get("cpu_seconds") or 0.0 for p in prompts)
+    ar_cpu = sum(p.get("ar_cpu_seconds") or 0.0 for p in prompts)
+    cpu_speedup = (
+        (ar_cpu / ar_tokens) / (cpu / tokens) if cpu and ar_cpu and tokens and ar_tokens else math.nan
+    )
     row = {
         "method": unit["method"],
         "temperature": unit["temperature"],
@@ -60,6 +67,12 @@ def summarise_unit(unit: dict) -> dict:
         "tokens_per_s": tokens_per_s,
         "ar_tokens_per_s": ar_tokens_per_s,
         "speedup_vs_ar": speedup,
+        "cpu_speedup_vs_ar": cpu_speedup,
+        "cpu_seconds": {
+            "predict": unit.get("predict_cpu_seconds"),
+            "method": cpu if cpu else None,
+            "plain": ar_cpu if ar_cpu else None,
+        },
         "memory_bound_speedup": memory_bound,
         "greedy_identical": identical if unit["lossless"] and unit["temperature"] == 0 else None,
         "exact_match": float(np.mean([p["identical"] for p in prompts])),
@@ -251,6 +264,36 @@ def build_report(config, out) -> dict:
     return report
 
 
+def cpu_summary(rows: list[dict], shared_baseline: bool = False) -> str:
+    """One line: the run's CPU seconds (predict, method runs, plain decoding) and the heaviest units; with a
+    shared baseline plain decoding ran once per temperature (every unit records that same run)."""
+    parts = {
+        key: sum((row.get("cpu_seconds") or {}).get(key) or 0.0 for row in rows)
+        for key in ("predict", "method")
+    }
+    plain = {}
+    for row in rows:
+        value = (row.get("cpu_seconds") or {}).get("plain") or 0.0
+        key = row["temperature"] if shared_baseline else id(row)
+        plain[key] = max(plain.get(key, 0.0), value)
+    parts["plain"] = sum(plain.values())
+    per_unit = sorted(
+        (
+            (sum((row.get("cpu_seconds") or {}).get(key) or 0.0 for key in ("predict", "method")), row)
+            for row in rows
+        ),
+        key=lambda item: -item[0],
+    )
+    heaviest = ", ".join(
+        f"{row['method']} T={row['temperature']:g} {seconds:.0f} s" for seconds, row in per_unit[:3]
+    )
+    return (
+        f"CPU seconds (process time, all threads; model load and shared calibrations not included): "
+        f"{sum(parts.values()):.0f} = predict {parts['predict']:.0f} + method runs {parts['method']:.0f} "
+        f"+ plain decoding {parts['plain']:.0f}; heaviest units (predict + method): {heaviest or '–'}."
+    )
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -269,20 +312,22 @@ def render_markdown(report: dict) -> str:
         f"{config['max_new_tokens']} new tokens; seed {config['seed']}.",
         "",
         "| method | T | lossless | measured τ | predicted τ | prediction check | acceptance by position | tokens/s | AR tokens/s "
-        "| speedup vs AR | greedy identical | exact match | ROUGE-L | layers/token | memory-bound speedup "
-        "| train s | note |",
-        "|---|---:|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        "| speedup vs AR | CPU-time speedup | greedy identical | exact match | ROUGE-L | layers/token "
+        "| memory-bound speedup | train s | note |",
+        "|---|---:|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for row in report["rows"]:
         positions = ", ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:6]) or "–"
         lines.append(
             f"| {row['method']} | {row['temperature']:g} | {_fmt(row['lossless'])} | {_fmt(row['measured_tau'])} "
             f"| {_fmt(row['predicted_tau'])} | {row.get('prediction_check') or '–'} | {positions} | {_fmt(row['tokens_per_s'], 1)} "
-            f"| {_fmt(row['ar_tokens_per_s'], 1)} | {_fmt(row['speedup_vs_ar'])} | {_fmt(row['greedy_identical'])} "
+            f"| {_fmt(row['ar_tokens_per_s'], 1)} | {_fmt(row['speedup_vs_ar'])} "
+            f"| {_fmt(row.get('cpu_speedup_vs_ar'))} | {_fmt(row['greedy_identical'])} "
             f"| {_fmt(row['exact_match'])} | {_fmt(row['rouge_l'])} | {_fmt(row['layers_per_token'], 1)} "
             f"| {_fmt(row['memory_bound_speedup'])} | {_fmt(row['train_seconds'], 3)} | {row['note']} |"
         )
-    lines += ["", "![measured against predicted tokens per step, and speedups](methods.png)", ""]
+    lines += ["", cpu_summary(report["rows"], bool(config.get("share_baseline"))), ""]
+    lines += ["![measured against predicted tokens per step, and speedups](methods.png)", ""]
     return "\n".join(lines)
 
 

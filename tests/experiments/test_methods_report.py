@@ -129,3 +129,28 @@ def test_notes_and_checks_keep_the_markdown_table_intact():
     }
     table = [line for line in render_markdown({"config": config, "rows": [row]}).splitlines() if "|" in line]
     assert len({line.count("|") for line in table}) == 1
+
+
+def test_the_cpu_time_speedup_divides_cpu_seconds_per_token_and_ignores_wall_time():
+    record = unit(predicted=2.0, step_tokens=[2, 2, 2, 2], wall=100.0, ar_wall=1.0)
+    record["prompts"][0].update(cpu_seconds=2.0, ar_cpu_seconds=4.0)  # 8 tokens in 2 s vs 16 in 4 s
+    row = summarise_unit(record)
+    assert row["cpu_speedup_vs_ar"] == pytest.approx(1.0) and row["speedup_vs_ar"] == pytest.approx(0.005)
+    record["prompts"][0].update(cpu_seconds=1.0)
+    assert summarise_unit(record)["cpu_speedup_vs_ar"] == pytest.approx(2.0)
+    del record["prompts"][0]["cpu_seconds"]  # a unit written before CPU seconds were recorded
+    assert math.isnan(summarise_unit(record)["cpu_speedup_vs_ar"])
+
+
+def test_the_cpu_summary_counts_a_shared_baseline_once_per_temperature():
+    from experiments.methods_report import cpu_summary
+
+    rows = []
+    for name in ("a", "b"):
+        record = unit(predicted=2.0, step_tokens=[2, 2], wall=1.0, ar_wall=1.0)
+        record.update(method=name, predict_cpu_seconds=1.0)
+        record["prompts"][0].update(cpu_seconds=3.0, ar_cpu_seconds=5.0)
+        rows.append(summarise_unit(record))
+    assert "CPU seconds" in cpu_summary(rows, shared_baseline=True)
+    assert ": 13 = predict 2 + method runs 6 + plain decoding 5;" in cpu_summary(rows, shared_baseline=True)
+    assert ": 18 = predict 2 + method runs 6 + plain decoding 10;" in cpu_summary(rows, shared_baseline=False)
