@@ -12,6 +12,7 @@ import executor.methods as methods
 from executor.decoders import AutoregressiveDecoder, Sampling
 from executor.decoders import chain as chain_module
 from executor.decoders import tree as tree_module
+from executor.drafters import EarlyExitDrafter
 from executor.methods.base import LayerCounter
 from executor.methods.ppd import PromptTokens
 from tests.executor.test_decoders import (
@@ -103,12 +104,27 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("ppd", {"prompt_tokens": 0}, "prompt_tokens"),
         ("ppd", {"train_steps": 0}, "train_steps"),
         ("ppd", {"prompts": "trained"}, "prompts"),
+        ("dyspec", {"drafter": 3}, "drafter"),
+        ("staged", {"drafter": "feature"}, "drafter"),
     ],
 )
 def test_bad_method_options_raise_a_value_error_naming_the_option(tiny_model, name, options, message):
     model = spread_model(tiny_model)
     with pytest.raises(ValueError, match=message):
         methods.get(name)(model, **options)
+
+
+def test_tree_methods_draft_with_the_named_drafter_and_fall_back_to_the_early_exit(
+    tiny_model, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no trained feature head cached for the tiny model
+    model = spread_model(tiny_model)
+    fallback = methods.get("sequoia")(model, exit_layer=2)
+    assert fallback.options()["drafter"] == "early-exit:2"
+    assert isinstance(fallback.make_drafter(), EarlyExitDrafter) and fallback.make_drafter().exit_layer == 2
+    named = methods.get("dyspec")(model, drafter="early-exit:1")
+    assert named.options()["drafter"] == "early-exit:1" and named.make_drafter().exit_layer == 1
+    assert methods.get("staged")(model, exit_layer=2).options()["drafter"] == "early-exit:2"
 
 
 def test_a_negative_temperature_is_refused(tiny_model):
