@@ -118,15 +118,18 @@ def test_rrs_wor_low_keeps_a_real_gain_and_an_inflated_gain_is_caught():
 
 def _first_rejection_bound(p, q, n):
     """Lemma F: sum over the first rejected draft x of pi_x h(U_n), U_{j+1} = U_j + (1 - h(U_j))/(1 - q(x))."""
-    overlap = np.minimum(p, q).sum()
-    if overlap >= 1.0:
+    excess = np.maximum(q - p, 0.0)
+    if excess.sum() == 0.0:
         return 1.0
+    # The first rejected draft's law (q - p)^+ / (1 - sum min(p, q)), normalised by the sum of its own
+    # numerators: 1 - sum min(p, q) cancels catastrophically when p and q nearly agree.
+    first_rejected = excess / excess.sum()
     total = 0.0
-    for x in np.flatnonzero(q > p):
+    for x in np.flatnonzero(excess):
         kappa, reach = q.sum() - q[x], 1.0
         for _ in range(n - 1):
             reach += (1.0 - np.minimum(p, reach * q).sum()) / kappa
-        total += (q[x] - p[x]) / (1.0 - overlap) * np.minimum(p, reach * q).sum()
+        total += first_rejected[x] * np.minimum(p, reach * q).sum()
     return total
 
 
