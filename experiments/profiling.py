@@ -176,9 +176,14 @@ def profile_costs(
     device = model.tok_embeddings.weight.device
     filler = torch.tensor([context[i % len(context)] for i in range(sizes[-1])], device=device)
 
+    hidden = drafter is not None and getattr(drafter, "needs_target_hidden", False)
     with torch.no_grad():
         model.setup_cache(slots)
-        model(torch.tensor([context[:-1]], device=device), torch.arange(committed, device=device))
+        out = model(
+            torch.tensor([context[:-1]], device=device),
+            torch.arange(committed, device=device),
+            return_hidden=hidden,
+        )
 
         def target_call(n: int) -> Callable[[], object]:
             tokens = filler[:n].clone()
@@ -191,11 +196,18 @@ def profile_costs(
             drafter.check_target(model)
             drafter.start(context, slots)
             state = DecodingState(tokens=list(context))
+            if hidden:  # feature-level heads read the target's final hidden states of the committed prefix
+                state.hidden = out[1][0]
             root_tree = DraftTree(context[-1])
             logits = drafter.draft_logits(state, root_tree, [0])
             if logits is None:
                 raise ValueError(f"drafter {drafter.name!r} proposes nothing after this context")
             calls[("drafter", 0)] = lambda: drafter.draft_logits(state, root_tree, [0])
+            if hidden:
+                # Such a head keeps its own cache of committed entries; before each timed call it is rolled
+                # back by one token (untimed), so the root call feeds one entry as in decoding, not none.
+                shorter = DecodingState(tokens=list(context[:-1]))
+                rollback = lambda: drafter.commit(shorter, root_tree, [0])  # noqa: E731
             top = torch.topk(logits[0].float(), widths[-1]).indices.tolist()
             for width in widths:
                 tree = DraftTree(context[-1])
@@ -211,6 +223,8 @@ def profile_costs(
             rounds = tqdm(rounds, desc="profile", unit="round")
         for round_index in rounds:
             for key, call in calls.items():  # round-robin: one repeat of everything per round
+                if hidden and key[0] == "drafter":
+                    rollback()
                 if drafter is not None and key[0] == "drafter" and key[1] > 0:
                     calls[("drafter", 0)]()  # the root's K/V, which a level's nodes attend to
                 elapsed = _timed(call, device)

@@ -160,3 +160,24 @@ def test_malformed_profiles_are_rejected_naming_the_option(data, message):
     with pytest.raises(ValueError, match=message) as error:
         check_profile(data, "--latency")
     assert str(error.value).startswith("--latency")
+
+
+def test_a_feature_head_is_profiled_from_the_targets_hidden_states_one_entry_per_root_call():
+    from tests.executor.test_drafters_feature import drafter_for
+
+    model = build_tiny_model(4)
+    drafter = drafter_for(model)
+    fed = []
+    run = drafter._run
+
+    def recording(features, tokens, slots, positions, mask):
+        fed.append(len(tokens))
+        return run(features, tokens, slots, positions, mask)
+
+    drafter._run = recording
+    result = profile_costs(model, CONTEXT, drafter=drafter, sizes=[1, 2], widths=[1, 2], repeats=2, warmup=0)
+    assert result["drafter"]["draft_time"] > 0 and result["drafter"]["per_level"]["widths"] == [1, 2]
+    # The first call feeds the whole committed prefix; every later root call the one rolled-back entry, and a
+    # level of width w feeds w nodes: per round root, (root, 1), (root, 2).
+    assert fed[0] == len(CONTEXT) - 1
+    assert fed[1:] == [1, 1, 1, 1, 2] * 2
