@@ -50,6 +50,30 @@ def test_torch_selection_equals_the_numpy_build_on_every_tuple():
         np.testing.assert_allclose(tables["marginal"].numpy(), built.marginal, rtol=0, atol=0)
 
 
+def test_batched_tables_equal_the_numpy_build_row_by_row():
+    """Distinct rows of an LM-sized batch (grouped items, item counts that differ, a row with q = 0 tokens, and
+    n = 1 with per-token tables): every table on the input's device, the marginal bitwise numpy's, and the
+    selection probabilities of random draft tuples numpy's to 1e-15."""
+    rng = np.random.default_rng(3)
+    vocab, tuples = 3000, 64
+    logits = 3.0 * rng.standard_normal((3, vocab))
+    p = np.exp(logits / 0.7)
+    q = np.exp((logits + 1.5 * rng.standard_normal((3, vocab))) / 0.7)
+    q[2, :40] = 0.0
+    p, q = p / p.sum(axis=1, keepdims=True), q / q.sum(axis=1, keepdims=True)
+    for n in (1, 4):
+        tables = build_tables(torch.tensor(p), torch.tensor(q), n)
+        assert {t.device for t in tables.values()} == {torch.device("cpu")}
+        drafts = torch.stack([torch.multinomial(torch.tensor(row), tuples * n, True) for row in q])
+        drafts = drafts.reshape(3, tuples, n)
+        expanded = {k: v[:, None].expand(3, tuples, v.shape[-1]) for k, v in tables.items()}
+        chosen = selection_probabilities(expanded, drafts)
+        for row in range(3):
+            built = optimal_verifier(p[row], q[row], n)
+            np.testing.assert_array_equal(tables["marginal"][row].numpy(), built.marginal)
+            np.testing.assert_allclose(chosen[row].numpy(), built.selection(drafts[row].numpy()), atol=1e-15)
+
+
 def sampled(n: int, seed: int, tables=None):
     generator = torch.Generator().manual_seed(seed)
     p, q = torch.tensor(P).expand(STEPS, -1), torch.tensor(Q).expand(STEPS, -1)
