@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from theory import _buckets
-from theory._race import fit_log_weights
+from theory._race import fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
@@ -290,9 +290,11 @@ def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> Optim
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
     elif not 0.0 <= group_below <= np.inf:
         raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
-    tables = [
-        _build_row(row_p, row_q, n, float(group_below)) for row_p, row_q in zip(flat_p, flat_q, strict=True)
-    ]
+    with single_threaded_blas():
+        tables = [
+            _build_row(row_p, row_q, n, float(group_below))
+            for row_p, row_q in zip(flat_p, flat_q, strict=True)
+        ]
     return OptimalVerifier(p, q, n, tables, batch_shape)
 
 
@@ -310,7 +312,8 @@ def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float |
         q = q / q_sum
     if group_below is None:
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
-    return _build_row(p, q, n, float(group_below))
+    with single_threaded_blas():
+        return _build_row(p, q, n, float(group_below))
 
 
 def _renormalised(x: np.ndarray) -> np.ndarray:
