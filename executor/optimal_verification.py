@@ -1,9 +1,8 @@
 """The run-time optimal multi-draft verifier in torch: the executor's twin of :func:`theory.optimal_verifier`.
 
-The build (priority classes, race weights and the exact selection marginal ``r``) runs in numpy on the host,
-one row at a time (:func:`theory.optimal_verifier.optimal_tables`, on the tensors' own memory when they are
-float64 on the CPU: numpy measured faster than torch for its few-hundred-item fit and its bincounts); the step
-itself runs in torch on the tensors' device with the caller's :class:`torch.Generator`:
+The build (priority classes, race weights and the exact selection marginal ``r``) runs in numpy, one row at a
+time (:func:`theory.optimal_verifier.optimal_tables`); the step itself runs in torch on the tensors' device with
+the caller's :class:`torch.Generator`:
 
 1. among the drafts in the highest priority class present, select draft ``i`` with probability
    :math:`w(x_i) / \\sum_j w(x_j)` (the law of the first exponential clock to ring);
@@ -12,6 +11,14 @@ itself runs in torch on the tensors' device with the caller's :class:`torch.Gene
 
 Lossless because ``r`` is the exact marginal of step 1 (Khisti et al., arXiv 2410.18234), and its acceptance is
 :math:`\\sum \\min(p, r) = \\alpha^*` up to the build's reported shortfall (``docs/verifiers.md``).
+
+Devices. On the CPU the build works on the tensors' own memory (float64 tensors and arrays share it) and hands
+back arrays without copies: numpy measured faster than torch there (bincounts with weights, the few-hundred-item
+fit; ``docs/benchmarks/optimal_verifier.md``). On another device the vocabulary-sized inputs cross to the host
+once (``p`` and ``q`` of the rows to build, one copy each) and ``r`` and the token-to-item map come back once;
+the class and race weight of each *item* (a ratio bucket or a single token, a few hundred) are all the step
+needs besides them, so the per-token class and weight tables never cross. Every tensor of the tables is created
+on ``p``'s device.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ __all__ = ["build_tables", "verify_optimal"]
 def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     """The per-row tables of the numpy build, as float64/int64 tensors on ``p``'s device.
 
-    Keys: ``class_id``, ``log_weight``, ``marginal`` (``r``), each of shape ``p.shape``. On the CPU the rows
-    are handed to numpy and back without copies (float64 tensors share memory with their arrays); the
-    residual :math:`(p - r)_+` is left to :func:`verify_optimal`, which forms it only on a rejection.
+    Keys: ``marginal`` (``r``, shape ``p.shape``), ``item`` (the item of every token, ``p.shape``),
+    ``item_class`` and ``item_log_weight`` (``(..., I)``: priority class and race log-weight of every item, rows
+    padded with class -1 and weight 0 to the largest item count). The residual :math:`(p - r)_+` is left to
+    :func:`verify_optimal`, which forms it only on a rejection.
     """
     vocab = p.shape[-1]
     flat_p, flat_q = p.reshape(-1, vocab), q.reshape(-1, vocab)
@@ -40,19 +48,38 @@ def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Te
     host_p = flat_p[:rows].detach().to("cpu", torch.float64).numpy()
     host_q = flat_q[:rows].detach().to("cpu", torch.float64).numpy()
     built = [optimal_tables(host_p[i], host_q[i], n) for i in range(rows)]
+    items = [_item_form(b, vocab) for b in built]
+    width = max(item_class.shape[0] for _, item_class, _ in items)
+    item_class = np.full((rows, width), -1, dtype=np.int64)
+    item_log_weight = np.full((rows, width), -np.inf)
+    for row, (_, classes, logs) in enumerate(items):
+        item_class[row, : classes.shape[0]], item_log_weight[row, : logs.shape[0]] = classes, logs
+    per_token = {
+        "marginal": built[0].marginal if rows == 1 else np.stack([b.marginal for b in built]),
+        "item": items[0][0] if rows == 1 else np.stack([item for item, _, _ in items]),
+    }
     tables = {}
-    for key in ("class_id", "log_weight", "marginal"):
-        value = torch.from_numpy(
-            np.stack([getattr(b, key) for b in built]) if rows > 1 else getattr(built[0], key)
-        )
-        tables[key] = value.to(p.device).expand(flat_p.shape).reshape(p.shape)
+    for key, value in per_token.items():
+        tensor = torch.from_numpy(value).to(p.device)
+        tables[key] = tensor.expand(flat_p.shape).reshape(p.shape)
+    for key, value in (("item_class", item_class), ("item_log_weight", item_log_weight)):
+        tensor = torch.from_numpy(value).to(p.device)
+        tables[key] = tensor.expand(flat_p.shape[0], width).reshape(*p.shape[:-1], width)
     return tables
+
+
+def _item_form(built, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item of every token, class of every item, log-weight of every item) of one row's build."""
+    if built.item is None:  # n = 1 and other builds with per-token tables: every token its own item
+        return np.arange(vocab), built.item_class, built.item_log_weight
+    return built.item, built.item_class, built.item_log_weight
 
 
 def selection_probabilities(tables: dict[str, torch.Tensor], drafts: torch.Tensor) -> torch.Tensor:
     """``(..., n)`` probability that each draft position wins the race (0 outside the top class present)."""
-    classes = tables["class_id"].gather(-1, drafts)
-    logs = tables["log_weight"].gather(-1, drafts)
+    index = tables["item"].gather(-1, drafts)
+    classes = tables["item_class"].gather(-1, index)
+    logs = tables["item_log_weight"].gather(-1, index)
     top = classes == classes.max(dim=-1, keepdim=True).values
     logs = torch.where(top, logs, torch.full_like(logs, -torch.inf))
     return torch.softmax(logs, dim=-1)

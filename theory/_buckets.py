@@ -108,84 +108,87 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     Two levels: coarse buckets (:data:`COARSE_BITS`), then the coarse buckets that cannot be grouped are
     split into their fine buckets (:data:`FINE_BITS`, relative width ``2**-FINE_BITS``) and the test is rerun
     on the mixed sequence, so that only tokens very close (in ratio) to a nearly tight prefix stay single.
-    Only the passes over the vocabulary that cannot be avoided run on every token (the keys, one gather per
-    level, five bincounts, the item map); the split buckets, the heavy tokens and the singles are handled on
-    their own (small) index sets.
+    Passes over the whole vocabulary (the build's cost at LM sizes): the keys, three bincounts of the coarse
+    keys, the heavy test, one gather of each token's item, the singles' test and two bincounts of the items.
+    Everything else runs on buckets, slots (addressed by their absolute starting fine key, so that a token's
+    slot is the last slot key at or below its own) or the small sets of split, heavy and single tokens. The
+    item of every token is known before the item masses are summed, so each item's mass is one bincount of
+    its own tokens.
     """
     fine = np.divide(ps, qs).view(np.int64)
     np.right_shift(fine, _SHIFT, out=fine)  # the ratio's top bits: monotone in the ratio
-    coarse = fine >> (FINE_BITS - COARSE_BITS)
-    base = int(coarse.min())
-    coarse -= base
+    coarse = fine >> (FINE_BITS - COARSE_BITS)  # < 2**15: bincounts over absolute keys stay small
     count = np.bincount(coarse)
-    # Dense index of the non-empty coarse buckets (ratio ranges can span thousands of empty ones).
+    coarse_p = np.bincount(coarse, weights=ps, minlength=count.shape[0])
+    coarse_q = np.bincount(coarse, weights=qs, minlength=count.shape[0])
     nonempty = np.flatnonzero(count)
-    dense = np.zeros(count.shape[0], dtype=np.int64)
-    dense[nonempty] = np.arange(nonempty.shape[0])
-    index = dense[coarse]
-    occupied = nonempty.shape[0]
-    coarse_p = np.bincount(index, weights=ps, minlength=occupied)
-    coarse_q = np.bincount(index, weights=qs, minlength=occupied)
-    coarse_count = count[nonempty]
-    coarse_edge = _edge((nonempty + base) * _SPLIT)
-    coarse_ok = _groupable(coarse_p, coarse_q, coarse_edge, 2.0**-COARSE_BITS, n, tight)
-    # Slots in ratio order: each groupable coarse bucket is one, the others split into their fine buckets
-    # (only their tokens are visited). Slot keys: coarse index * _SPLIT + fine offset (0 for a coarse slot).
-    split = np.flatnonzero(~coarse_ok[index])
-    offset = fine[split] - (coarse[split] + base) * _SPLIT
-    split_key = index[split] * _SPLIT + offset
-    fine_slots, split_inverse = np.unique(split_key, return_inverse=True)
-    coarse_slots = np.flatnonzero(coarse_ok) * _SPLIT
-    used = np.sort(np.concatenate([coarse_slots, fine_slots]))
+    nonempty_ok = _groupable(
+        coarse_p[nonempty], coarse_q[nonempty], _edge(nonempty * _SPLIT), 2.0**-COARSE_BITS, n, tight
+    )
+    coarse_ok = np.zeros(count.shape[0], dtype=bool)
+    coarse_ok[nonempty[nonempty_ok]] = True
+    # Tokens of the coarse buckets to split, and their fine keys (only these tokens are visited).
+    if nonempty_ok.all():
+        split = np.zeros(0, dtype=np.int64)
+    else:
+        split = np.flatnonzero(~coarse_ok[coarse])
+    fine_slots, split_inverse = np.unique(fine[split], return_inverse=True)
+    # Slots in ratio order, keyed by their first absolute fine key: the groupable coarse buckets and the fine
+    # buckets of the split ones.
+    used = np.sort(np.concatenate([nonempty[nonempty_ok] * _SPLIT, fine_slots]))
     slots = used.shape[0]
-    # Dense slot of every token: the coarse slot's number, then the split tokens' fine slots.
-    slot_of_coarse = np.zeros(occupied, dtype=np.int64)
-    slot_of_coarse[coarse_ok] = np.searchsorted(used, coarse_slots)
-    slot = slot_of_coarse[index]
+    coarse_slot = coarse_ok[used >> (FINE_BITS - COARSE_BITS)]
     fine_number = np.searchsorted(used, fine_slots)
-    slot[split] = fine_number[split_inverse]
-    # Slot masses: the coarse bucket's, or summed over the split tokens of the fine slot.
     slot_p, slot_q = np.zeros(slots), np.zeros(slots)
     slot_count = np.zeros(slots, dtype=np.int64)
-    numbered = slot_of_coarse[coarse_ok]
-    slot_p[numbered], slot_q[numbered] = coarse_p[coarse_ok], coarse_q[coarse_ok]
-    slot_count[numbered] = coarse_count[coarse_ok]
+    whole = used[coarse_slot] >> (FINE_BITS - COARSE_BITS)
+    slot_p[coarse_slot], slot_q[coarse_slot], slot_count[coarse_slot] = (
+        coarse_p[whole],
+        coarse_q[whole],
+        count[whole],
+    )
     slot_p[fine_number] = np.bincount(split_inverse, weights=ps[split], minlength=fine_slots.shape[0])
     slot_q[fine_number] = np.bincount(split_inverse, weights=qs[split], minlength=fine_slots.shape[0])
     slot_count[fine_number] = np.bincount(split_inverse, minlength=fine_slots.shape[0])
-    coarse_slot = coarse_ok[used // _SPLIT]
     width = np.where(coarse_slot, 2.0**-COARSE_BITS, 2.0**-FINE_BITS)
-    # Absolute fine keys of each slot's edges.
-    low_key = (nonempty[used // _SPLIT] + base) * _SPLIT + used % _SPLIT
-    slot_low = _edge(low_key)
-    slot_high = _edge(low_key + np.where(coarse_slot, _SPLIT, 1))
+    slot_low = _edge(used)
+    slot_high = _edge(used + np.where(coarse_slot, _SPLIT, 1))
     ok = _groupable(slot_p, slot_q, slot_low, width, n, tight)
-    # Single tokens: the heavy ones and every token of a slot that cannot be grouped.
-    singles = np.flatnonzero(~ok[slot])
-    heavy = np.r_[np.flatnonzero(ps >= group_below), np.flatnonzero(qs >= group_below)]
-    singles = np.unique(np.r_[singles, heavy])
-    # Group key: the slot, or the spare bin ``slots`` for tokens kept single.
-    group_key = slot.copy()
-    group_key[singles] = slots
-    group_p = np.bincount(group_key, weights=ps, minlength=slots + 1)[:-1]
-    group_q = np.bincount(group_key, weights=qs, minlength=slots + 1)[:-1]
-    group_count = slot_count - np.bincount(slot[singles], minlength=slots)
-    groups = np.flatnonzero(group_count)
-    # Sort items by (slot, ratio) with each group first in its slot.
+    # Heavy tokens stay single wherever they are; every token of a slot that cannot be grouped is single.
+    heavy = np.flatnonzero(np.maximum(ps, qs) >= group_below)
+    heavy_slot = np.searchsorted(used, fine[heavy], side="right") - 1
+    heavy_in_group = ok[heavy_slot]
+    grouped_count = np.where(ok, slot_count - np.bincount(heavy_slot[heavy_in_group], minlength=slots), 0)
+    single_count = slot_count - grouped_count
+    has_group = grouped_count > 0
+    # Item positions: each slot's group first, then its singles in ratio order.
+    first = np.concatenate([[0], np.cumsum(has_group + single_count)])[:-1]
+    group_item = np.where(has_group, first, -1)
+    # Every token's group item (-1: single), by one gather over the coarse keys; split tokens patched.
+    coarse_item = np.full(count.shape[0], -1, dtype=np.int64)
+    coarse_item[whole] = group_item[coarse_slot]
+    item = coarse_item[coarse]
+    item[split] = group_item[fine_number[split_inverse]]
+    item[heavy] = -1
+    singles = np.flatnonzero(item < 0)
+    single_slot = np.searchsorted(used, fine[singles], side="right") - 1
     single_ratio = ps[singles] / qs[singles]
-    item_key = np.concatenate([groups, slot[singles]])
-    item_rank = np.concatenate([np.full(groups.shape[0], -np.inf), single_ratio])
-    order = np.lexsort((item_rank, item_key))
-    item_p = np.concatenate([group_p[groups], ps[singles]])[order]
-    item_q = np.concatenate([group_q[groups], qs[singles]])[order]
-    low = np.concatenate([slot_low[groups], single_ratio])[order]
-    high = np.concatenate([slot_high[groups], single_ratio])[order]
-    single = np.concatenate([np.zeros(groups.shape[0], bool), np.ones(singles.shape[0], bool)])[order]
-    items_count = np.concatenate([group_count[groups], np.ones(singles.shape[0], np.int64)])[order]
-    position = np.empty(order.shape[0], dtype=np.int64)
-    position[order] = np.arange(order.shape[0])
-    group_item = np.zeros(slots + 1, dtype=np.int64)
-    group_item[groups] = position[: groups.shape[0]]
-    item = group_item[group_key]
-    item[singles] = position[groups.shape[0] :]
-    return Items(item_p, item_q, low, high, single, items_count, item, ps, qs)
+    order = np.lexsort((single_ratio, single_slot))
+    singles, single_slot, single_ratio = singles[order], single_slot[order], single_ratio[order]
+    # Rank of each single within its slot: position in the sorted list minus the slot's first single.
+    slot_start = np.searchsorted(single_slot, np.arange(slots))
+    rank = np.arange(singles.shape[0]) - slot_start[single_slot]
+    single_item = first[single_slot] + has_group[single_slot] + rank
+    item[singles] = single_item
+    items = int(first[-1] + has_group[-1] + single_count[-1]) if slots else 0
+    item_p = np.bincount(item, weights=ps, minlength=items)
+    item_q = np.bincount(item, weights=qs, minlength=items)
+    is_single = np.ones(items, dtype=bool)
+    groups = group_item[has_group]
+    is_single[groups] = False
+    low, high = np.empty(items), np.empty(items)
+    low[groups], high[groups] = slot_low[has_group], slot_high[has_group]
+    low[single_item], high[single_item] = single_ratio, single_ratio
+    item_count = np.ones(items, dtype=np.int64)
+    item_count[groups] = grouped_count[has_group]
+    return Items(item_p, item_q, low, high, is_single, item_count, item, ps, qs)

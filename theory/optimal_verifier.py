@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from theory import _buckets
-from theory._race import fit_log_weights
+from theory._race import fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
@@ -66,14 +66,29 @@ BLOCK = 256
 
 @dataclass(frozen=True)
 class _Tables:
-    """Per-row tables: everything the sampler and the conditional law need."""
+    """Per-row tables: everything the sampler and the conditional law need.
+
+    ``item_class`` and ``item_log_weight`` are per *item* (a ratio bucket's group or a single token) and
+    ``item`` (V,) maps every token to its item (``None``: the two are already per token). The per-token
+    :attr:`class_id` and :attr:`log_weight` are gathered on first use only: the executor needs them at the
+    drafts alone, and two vocabulary-sized gathers were a fifth of the build.
+    """
 
     marginal: np.ndarray  # r (V,)
-    class_id: np.ndarray  # (V,) int, -1 where q = 0; larger = higher priority
-    log_weight: np.ndarray  # (V,) race log-weights, -inf where q = 0
+    item_class: np.ndarray  # int, -1 where q = 0; larger = higher priority
+    item_log_weight: np.ndarray  # race log-weights, -inf where q = 0
     acceptance: float  # sum min(p, r)
     alpha_star: float
     minimiser_size: int
+    item: np.ndarray | None = None  # (V,) int64 item of each token
+
+    @cached_property
+    def class_id(self) -> np.ndarray:
+        return self.item_class if self.item is None else self.item_class[self.item]
+
+    @cached_property
+    def log_weight(self) -> np.ndarray:
+        return self.item_log_weight if self.item is None else self.item_log_weight[self.item]
 
 
 class OptimalVerifier:
@@ -106,15 +121,22 @@ class OptimalVerifier:
         vocab = p.shape[-1]
         self.p, self.q, self.n, self.batch_shape = p, q, n, batch_shape
         shape = (*batch_shape, vocab)
+        self._tables, self._shape = tables, shape
         self.marginal = _stack([t.marginal for t in tables]).reshape(shape)
-        self.class_id = _stack([t.class_id for t in tables]).reshape(shape)
-        self.log_weight = _stack([t.log_weight for t in tables]).reshape(shape)
         alpha = np.array([t.alpha_star for t in tables]).reshape(batch_shape)
         accepted = np.array([t.acceptance for t in tables]).reshape(batch_shape)
         self.acceptance = _scalar(accepted)
         self.alpha_star = _scalar(alpha)
         self.shortfall = _scalar(np.maximum(alpha - accepted, 0.0))
         self.minimiser_size = _scalar(np.array([t.minimiser_size for t in tables]).reshape(batch_shape))
+
+    @cached_property
+    def class_id(self) -> np.ndarray:
+        return _stack([t.class_id for t in self._tables]).reshape(self._shape)
+
+    @cached_property
+    def log_weight(self) -> np.ndarray:
+        return _stack([t.log_weight for t in self._tables]).reshape(self._shape)
 
     @cached_property
     def accept_probability(self) -> np.ndarray:
@@ -259,18 +281,20 @@ def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> Optim
     """
     p, q = as_distribution_pair(p, q)
     n = as_count(n, "n")
-    # Rows renormalised to sum to 1 (they are within the 1e-6 validation tolerance), as optimal_acceptance does.
-    p = p / p.sum(axis=-1, keepdims=True)
-    q = q / q.sum(axis=-1, keepdims=True)
+    # Rows off 1 by more than 1e-13 (within the 1e-6 validation tolerance) renormalised, as optimal_tables does:
+    # the same rows give bitwise the same tables on both paths, and the usual rows are not copied.
+    p, q = _renormalised(p), _renormalised(q)
     batch_shape = p.shape[:-1]
     flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
     if group_below is None:
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
     elif not 0.0 <= group_below <= np.inf:
         raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
-    tables = [
-        _build_row(row_p, row_q, n, float(group_below)) for row_p, row_q in zip(flat_p, flat_q, strict=True)
-    ]
+    with single_threaded_blas():
+        tables = [
+            _build_row(row_p, row_q, n, float(group_below))
+            for row_p, row_q in zip(flat_p, flat_q, strict=True)
+        ]
     return OptimalVerifier(p, q, n, tables, batch_shape)
 
 
@@ -288,7 +312,14 @@ def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float |
         q = q / q_sum
     if group_below is None:
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
-    return _build_row(p, q, n, float(group_below))
+    with single_threaded_blas():
+        return _build_row(p, q, n, float(group_below))
+
+
+def _renormalised(x: np.ndarray) -> np.ndarray:
+    sums = x.sum(axis=-1, keepdims=True)
+    off = np.abs(sums - 1.0) > 1e-13
+    return np.where(off, x / sums, x) if off.any() else x
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
@@ -341,23 +372,23 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     ps, qs = (p, q) if full else (p[support], q[support])
     if group_below > 0:
         built = _build_items(_buckets.bucketed(ps, qs, n, group_below, TIGHT), n)
-        if built[4] - built[3] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
+        if built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
             built = _build_items(_buckets.singletons(ps, qs), n)
     else:
         built = _build_items(_buckets.singletons(ps, qs), n)
-    r_support, classes, logs, accepted, alpha, minimiser = built
+    r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:
-        return _Tables(r_support, classes, logs, accepted, alpha, minimiser)
+        return _Tables(r_support, classes, logs, accepted, alpha, minimiser, item_support)
+    # Tokens with q = 0 share one extra item (class -1, weight 0).
     r = np.zeros(vocab)
-    class_id = np.full(vocab, -1, dtype=np.int64)
-    log_weight = np.full(vocab, -np.inf)
-    r[support], class_id[support], log_weight[support] = r_support, classes, logs
-    return _Tables(r, class_id, log_weight, accepted, alpha, minimiser)
+    item = np.full(vocab, classes.shape[0], dtype=np.int64)
+    r[support], item[support] = r_support, item_support
+    return _Tables(r, np.r_[classes, -1], np.r_[logs, -np.inf], accepted, alpha, minimiser, item)
 
 
 def _build_items(items: _buckets.Items, n: int):
-    """Marginal, class and log-weight of every support token from the items (in ratio order), the acceptance
-    sum(min(p, r)), alpha* and the minimiser's size in tokens."""
+    """Marginal of every support token, class and log-weight of every item (in ratio order), the item of every
+    support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens."""
     ps, qs = items.p, items.q
     size = ps.shape[0]
     target_mass = _prefix_sums(ps)
@@ -397,7 +428,7 @@ def _build_items(items: _buckets.Items, n: int):
             r, accepted = retry, retry_accepted
         else:
             r_items[:], logs[:] = first
-    return r, classes[items.item], logs[items.item], accepted, alpha, minimiser
+    return r, classes, logs, items.item, accepted, alpha, minimiser
 
 
 def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool) -> float:

@@ -5,7 +5,9 @@
   (drafts, output) against the numpy build's exact conditional; a copy whose ``r`` is perturbed is rejected;
 * the multi-draft and tree decoders with ``verifier="optimal"`` reproduce the exact law of the next three
   tokens of a tiny model (G-test), a copy stepping against ``q`` instead of ``r`` is caught by the same test,
-  and greedy decoding is the autoregressive argmax.
+  and greedy decoding is the autoregressive argmax;
+* in a tree with uneven i.i.d. children (3, 2 and 1 at the expanded nodes) every node builds its verifier for
+  its own number of children, and the exact-law test and its negative control hold there too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,30 @@ def test_torch_selection_equals_the_numpy_build_on_every_tuple():
         )
         np.testing.assert_allclose(torch_selection.numpy(), built.selection(tuples), rtol=0, atol=1e-15)
         np.testing.assert_allclose(tables["marginal"].numpy(), built.marginal, rtol=0, atol=0)
+
+
+def test_batched_tables_equal_the_numpy_build_row_by_row():
+    """Distinct rows of an LM-sized batch (grouped items, item counts that differ, a row with q = 0 tokens, and
+    n = 1 with per-token tables): every table on the input's device, the marginal bitwise numpy's, and the
+    selection probabilities of random draft tuples numpy's to 1e-15."""
+    rng = np.random.default_rng(3)
+    vocab, tuples = 3000, 64
+    logits = 3.0 * rng.standard_normal((3, vocab))
+    p = np.exp(logits / 0.7)
+    q = np.exp((logits + 1.5 * rng.standard_normal((3, vocab))) / 0.7)
+    q[2, :40] = 0.0
+    p, q = p / p.sum(axis=1, keepdims=True), q / q.sum(axis=1, keepdims=True)
+    for n in (1, 4):
+        tables = build_tables(torch.tensor(p), torch.tensor(q), n)
+        assert {t.device for t in tables.values()} == {torch.device("cpu")}
+        drafts = torch.stack([torch.multinomial(torch.tensor(row), tuples * n, True) for row in q])
+        drafts = drafts.reshape(3, tuples, n)
+        expanded = {k: v[:, None].expand(3, tuples, v.shape[-1]) for k, v in tables.items()}
+        chosen = selection_probabilities(expanded, drafts)
+        for row in range(3):
+            built = optimal_verifier(p[row], q[row], n)
+            np.testing.assert_array_equal(tables["marginal"][row].numpy(), built.marginal)
+            np.testing.assert_allclose(chosen[row].numpy(), built.selection(drafts[row].numpy()), atol=1e-15)
 
 
 def sampled(n: int, seed: int, tables=None):
@@ -109,11 +135,37 @@ def decoders(target, draft_model):
             verifier="optimal",
             sampling=SAMPLING,
         ),
+        # Uneven static tree: the root has 3 children, its first child 2, its second 1.
+        "uneven-tree": TreeDecoder(
+            target, ModelDrafter(draft_model), tree=UNEVEN_TREE, verifier="optimal", sampling=SAMPLING
+        ),
     }
 
 
+UNEVEN_TREE = [-1, 0, 0, 0, 1, 1, 2]
+
+
+def test_every_tree_node_builds_its_verifier_for_its_own_children(models, monkeypatch):
+    """Per node, the build sees ``n`` = that node's number of children (3 at the root, 2 or 1 below)."""
+    target, draft_model = models
+    calls = []
+
+    def recording(p, q, n):
+        calls.append(n)
+        return build_tables(p, q, n)
+
+    monkeypatch.setattr(optimal_verification, "build_tables", recording)
+    decoder = decoders(target, draft_model)["uneven-tree"]
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(30):
+        calls.clear()
+        decoder.generate(PROMPT, 1, generator=generator)
+        # The walk verifies the root (3 children), then possibly node 1 (2) or node 2 (1), never node 3.
+        assert calls[0] == 3 and calls[1:] in ([], [2], [1]), calls
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["multidraft", "tree"])
+@pytest.mark.parametrize("kind", ["multidraft", "tree", "uneven-tree"])
 def test_decoders_with_the_optimal_verifier_reproduce_the_exact_target_law(models, kind):
     target, draft_model = models
     law = exact_law(target, SAMPLING)
@@ -131,11 +183,12 @@ def wrong_marginal_tables(p: torch.Tensor, q: torch.Tensor, n: int):
 
 
 @pytest.mark.slow
-def test_the_law_test_rejects_decoding_with_a_wrong_marginal(models, monkeypatch):
+@pytest.mark.parametrize("kind", ["multidraft", "uneven-tree"])
+def test_the_law_test_rejects_decoding_with_a_wrong_marginal(models, monkeypatch, kind):
     target, draft_model = models
     monkeypatch.setattr(optimal_verification, "build_tables", wrong_marginal_tables)
     law = exact_law(target, SAMPLING)
-    outcomes = sample_outcomes(decoders(target, draft_model)["multidraft"], seed=22, count=2000)
+    outcomes = sample_outcomes(decoders(target, draft_model)[kind], seed=22, count=2000)
     assert outcome_p_value(outcomes, law) < P_THRESHOLD
 
 
