@@ -29,7 +29,7 @@ import torch._inductor.exc
 
 from executor.model import Transformer
 
-__all__ = ["compile_model", "compiler_available", "warm_up"]
+__all__ = ["compile_and_warm_up", "compile_model", "compiler_available", "warm_up"]
 
 
 def compiler_available() -> bool:
@@ -97,3 +97,22 @@ def warm_up(model: Transformer, token_counts=(1, 2, 4, 8, 16, 32, 64), *, contex
             tokens = torch.zeros((model.cache_batch_size, n), dtype=torch.long, device=device)
             model(tokens, torch.arange(start_slot, start_slot + n, device=device))
     return time.perf_counter() - began
+
+
+def compile_and_warm_up(
+    model: Transformer, token_counts=(1, 2, 4, 8, 16), *, context: int = 16
+) -> float | None:
+    """:func:`compile_model` then :func:`warm_up` (a KV cache is set up if there is none big enough).
+
+    Returns the seconds the warm-up took (compilation, or loading it from Inductor's cache), or ``None`` when
+    the model stayed eager (no C++ compiler, or Inductor failed: the line on stderr says why). What the
+    commands' ``--compile`` runs, so that compile time is reported apart from every measured time.
+    """
+    compile_model(model)
+    if model.step is None:
+        return None
+    counts = sorted({int(n) for n in token_counts})
+    if counts and model.cache_slots < context + counts[-1]:
+        model.setup_cache(context + counts[-1], model.cache_batch_size or 1)
+    seconds = warm_up(model, counts, context=context)
+    return None if model.step is None else seconds

@@ -146,6 +146,9 @@ class Int8Linear(nn.Module):
 Q4_1_GROUP = 32  # weights per Q4_1 block (ggml's QK4_1)
 _Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of 4-bit q
 _INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs rows in groups of 16
+# ... and interleaves them within blocks of 4 float vectors (32 rows with AVX2, 64 with AVX-512): a row slice
+# of the packed weight is a valid packed weight only from a multiple of 64 rows.
+_INT4_BLOCK = 64
 
 
 def q4_1_blocks(raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -232,12 +235,15 @@ class Q41Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         weight, pairs = self.weight, self.scales_and_zeros
-        if rows is not None and rows.step is None and not (rows.start or 0) % _INT4_ROWS:
-            weight, pairs = weight[rows], pairs[:, rows]
-            rows = slice(0, (rows.stop or self.out_features) - (rows.start or 0))
+        if rows is not None and rows.step is None and not (rows.start or 0) % _INT4_BLOCK:
+            # Whole packing blocks only (rows are interleaved within a block); the extra rows are cut below.
+            start, stop = rows.start or 0, min(rows.stop or self.out_features, self.out_features)
+            end = min(stop + (-stop % _INT4_BLOCK), weight.shape[0])
+            weight, pairs = weight[start:end], pairs[:, start:end].contiguous()
+            rows = slice(0, max(stop - start, 0))
         flat = x.reshape(-1, x.shape[-1]).to(pairs.dtype).contiguous()
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, Q4_1_GROUP, pairs)
-        out = out[:, : self.out_features] if rows is None else out[:, rows]
+        out = out[:, : self.out_features] if rows is None else out[:, : self.out_features][:, rows]
         return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
 
     def dequantized(self) -> torch.Tensor:

@@ -264,6 +264,12 @@ def render_markdown(result: dict) -> str:
         "Rows interleaved per round (order rotated); speedup `vs ar` = tokens/s over our plain decoding in the "
         "same dtype at the same temperature; `vs hf` over transformers `generate`, same dtype and temperature.",
     ]
+    if result.get("compile_seconds"):  # --compile: our targets ran compiled; compile time is not in any row
+        spent = ", ".join(
+            f"{name} {'eager (fallback)' if s is None else f'{s:.1f} s'}"
+            for name, s in result["compile_seconds"].items()
+        )
+        lines += ["", f"Our targets compiled (`--compile`; compile time, not in the rows): {spent}."]
     for temperature in sorted({row["temperature"] for row in result["rows"]}):
         lines += [
             "",

@@ -1,11 +1,13 @@
-"""Weight-only int8 against float32 and bfloat16 on SmolLM2-135M: forward cost t(n), fidelity, decoding speed.
+"""Weight-only int8 and Q4_1 against float32 and bfloat16 on SmolLM2-135M: forward cost t(n), fidelity, decoding speed.
 
 All configurations are loaded side by side in one process and measured interleaved (round-robin), so every
 ratio compares two measurements taken under the same machine load. Configurations (``--configs``):
 
 * ``float32``, ``bfloat16`` -- float weights and activations (``load_model(dtype=...)``);
 * ``int8`` -- int8 weights, float32 activations (``load_model(dtype="float32", quantize="int8")``);
-* ``int8-bf16`` -- int8 weights, bfloat16 activations.
+* ``int8-bf16`` -- int8 weights, bfloat16 activations;
+* ``q4_1`` -- the GGUF file's own Q4_1 blocks, float32 activations (``quantize="q4_1"``); ``q4_1-bf16`` -- the
+  same blocks with bfloat16 activations (torch's int4 CPU kernel vectorises only bfloat16 inputs on AVX2).
 
 Sections of the JSON (and of the printed tables):
 
@@ -47,6 +49,8 @@ CONFIGS = {
     "bfloat16": {"dtype": "bfloat16"},
     "int8": {"dtype": "float32", "quantize": "int8"},
     "int8-bf16": {"dtype": "bfloat16", "quantize": "int8"},
+    "q4_1": {"dtype": "float32", "quantize": "q4_1"},
+    "q4_1-bf16": {"dtype": "bfloat16", "quantize": "q4_1"},
 }
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 

@@ -28,6 +28,11 @@ import numpy as np
 __all__ = ["prepare", "predictions", "render_markdown"]
 
 
+#: Our plain-decoding rows of the section (float32 activations): float, int8 and Q4_1 weights, and with
+#: ``--compile`` their eager twins (the unsuffixed rows then run compiled).
+OUR_PLAIN_ROWS = tuple(f"ar{w}{e}" for w in ("", "-int8", "-q4_1") for e in ("", "-eager"))
+
+
 def profile_sizes(lookups) -> list[int]:
     """Every size a step of prompt lookup can verify (``1 .. max(K) + 1``) and the powers of two to 16."""
     return sorted(set(range(1, max(lookups) + 2)) | {1, 2, 4, 8, 16})
@@ -143,8 +148,9 @@ def render_markdown(section: dict) -> list[str]:
         "",
         "## llama.cpp on the same weights (greedy)",
         "",
-        "| row | weights | tokens/s | decoding tokens/s | vs our float32 ar | vs our int8 ar | vs llamacpp |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| row | weights | tokens/s | decoding tokens/s | vs our float32 ar | vs our int8 ar | vs our q4_1 ar "
+        "| vs llamacpp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in section["rows"]:
         cells = [
@@ -152,7 +158,10 @@ def render_markdown(section: dict) -> list[str]:
             row["dtype"],
             f"{row['tokens_per_s']:.2f}",
             "–" if row.get("decode_tokens_per_s") is None else f"{row['decode_tokens_per_s']:.2f}",
-            *("–" if row.get(k) is None else f"{row[k]:.2f}" for k in ("vs_f32", "vs_int8", "vs_llamacpp")),
+            *(
+                "–" if row.get(k) is None else f"{row[k]:.2f}"
+                for k in ("vs_f32", "vs_int8", "vs_q4_1", "vs_llamacpp")
+            ),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
@@ -188,19 +197,19 @@ def render_markdown(section: dict) -> list[str]:
 
 
 def section(result_rows: list[dict], prepared: dict, max_new_tokens: int) -> dict:
-    """``result["llamacpp"]``: the llama.cpp rows with their ratios to our float32 and int8 ``ar``, and the
-    predictions."""
+    """``result["llamacpp"]``: the llama.cpp rows and our plain-decoding rows (:data:`OUR_PLAIN_ROWS`) with
+    their ratios to our float32, int8 and q4_1 ``ar``, and the predictions."""
     ours = {
         row["decoder"]: row for row in result_rows if row["dtype"] == "float32" and row["temperature"] == 0
     }
     rows = []
     for row in result_rows:
-        if not row["decoder"].startswith("llamacpp") and row["decoder"] not in ("ar", "ar-int8"):
+        if not row["decoder"].startswith("llamacpp") and row["decoder"] not in OUR_PLAIN_ROWS:
             continue
         if row["temperature"] != 0:
             continue
         entry = dict(row)
-        for name, base in (("vs_f32", "ar"), ("vs_int8", "ar-int8")):
+        for name, base in (("vs_f32", "ar"), ("vs_int8", "ar-int8"), ("vs_q4_1", "ar-q4_1")):
             entry[name] = row["tokens_per_s"] / ours[base]["tokens_per_s"] if base in ours else None
         rows.append(entry)
     return {"rows": rows, "predictions": predictions(prepared, result_rows, max_new_tokens)}

@@ -13,8 +13,10 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   ``llamacpp-lookup-kK`` -- its prompt lookup decoding with ``K`` draft tokens, on each of the GGUF weights
   ``q4_1`` (the embedded file), ``f32`` and ``bf16`` (made from it by llama.cpp's quantizer;
   :mod:`experiments.peer_llamacpp`), at temperature 0 only; their dtype column is ``q4_1``, ``float32`` and
-  ``bfloat16``, so the F32 rows compare directly with our float32 ``ar``; and ``ar-int8`` -- our plain
-  decoding with the weight-only int8 target (:mod:`executor.quantize`), in the float32 column.
+  ``bfloat16``, so the F32 rows compare directly with our float32 ``ar``; and ``ar-int8``, ``ar-q4_1`` -- our
+  plain decoding with the weight-only int8 target and with the file's own Q4_1 blocks (:mod:`executor.quantize`),
+  in the float32 column. With ``compile`` every one of our targets runs compiled (:mod:`executor.compiled`)
+  and ``ar-eager``, ``ar-int8-eager``, ``ar-q4_1-eager`` are the same plain decoding on eager twins.
 * ``ar`` -- our plain decoding, the baseline of every speedup; ``chain-ngram-gK`` -- our chain decoder with
   the prompt-lookup drafter, ``K`` tokens.
 * for every model drafter ``D`` (early exit at layer L, and the trained feature head when one is cached):
@@ -74,6 +76,7 @@ class BenchConfig:
     quantize: str = "none"  # our decoders' target: float weights or weight-only int8 (executor.quantize)
     peer: str = "transformers"  # whose rows run next to ours: transformers' generate or llama.cpp
     peer_weights: tuple[str, ...] = tuple(LLAMACPP_DTYPES)  # llama.cpp's GGUF weights (peer llamacpp)
+    compile: bool = False  # our targets through torch.compile (executor.compiled); eager twins of plain rows
 
     def __post_init__(self) -> None:
         if not self.dtypes or any(d not in DTYPES for d in self.dtypes):
@@ -231,12 +234,14 @@ def build_runners(config: BenchConfig, targets: dict, peers: dict, plans: list[d
     return runners
 
 
-def llamacpp_runners(config: BenchConfig, load_llama, int8_target=None) -> dict:
-    """``{RowKey: runner}`` of the llama.cpp rows and ``ar-int8`` (module docstring), at temperature 0 only.
+def llamacpp_runners(config: BenchConfig, load_llama, int8_target=None, plain_targets=None) -> dict:
+    """``{RowKey: runner}`` of the llama.cpp rows and our extra plain-decoding rows (module docstring), at
+    temperature 0 only.
 
     ``load_llama(weights, lookup)`` returns a ``llama_cpp.Llama`` (``lookup``: ``None`` for plain decoding,
     else the draft tokens ``K`` of its prompt lookup; :func:`experiments.peer_llamacpp.load_llama`);
-    ``int8_target`` is our int8 model (``None``: no ``ar-int8`` row).
+    ``int8_target`` is our int8 model (``None``: no ``ar-int8`` row); ``plain_targets`` maps further row names
+    (``ar-q4_1``, ``ar-eager``, ...) to our float32-activation models, each run by plain greedy decoding.
     """
     from executor.decoders import AutoregressiveDecoder, Sampling
     from experiments.peer_llamacpp import llamacpp_runner
@@ -250,9 +255,13 @@ def llamacpp_runners(config: BenchConfig, load_llama, int8_target=None) -> dict:
             if config.wants(name):
                 key = RowKey(name, LLAMACPP_DTYPES[weights], 0.0)
                 runners[key] = llamacpp_runner(load_llama(weights, lookup))
-    if int8_target is not None and config.wants("ar-int8"):
-        decoder = AutoregressiveDecoder(int8_target, sampling=Sampling(temperature=0.0))
-        runners[RowKey("ar-int8", "float32", 0.0)] = our_runner(decoder)
+    plain = dict(plain_targets or {})
+    if int8_target is not None:
+        plain["ar-int8"] = int8_target
+    for name, model in plain.items():
+        if config.wants(name):
+            decoder = AutoregressiveDecoder(model, sampling=Sampling(temperature=0.0))
+            runners[RowKey(name, "float32", 0.0)] = our_runner(decoder)
     return runners
 
 

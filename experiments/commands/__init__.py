@@ -43,3 +43,28 @@ def add_quantize_argument(parser) -> None:
         "q4_1 (the GGUF file's own Q4_1 blocks, 4-bit kernel); a quantised model is then the target the "
         "decoders are lossless for",
     )
+
+
+def add_compile_argument(parser) -> None:
+    """``--compile``: run the target's layers and LM head through ``torch.compile`` (:mod:`executor.compiled`)."""
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the target's layers and LM head (needs a C++ compiler; else one line and eager); "
+        "the compile time is reported apart, Inductor's on-disk cache shortens later runs",
+    )
+
+
+def compile_target(model, token_counts, *, enabled: bool, label: str = "target") -> float | None:
+    """With ``enabled``, compile ``model`` and warm it up on ``token_counts`` new tokens; print and return
+    the seconds (``None``: not enabled, or the model stayed eager)."""
+    if not enabled:
+        return None
+    import sys
+
+    from executor.compiled import compile_and_warm_up
+
+    seconds = compile_and_warm_up(model, token_counts)
+    if seconds is not None:
+        print(f"specbound: compiled the {label} in {seconds:.1f} s", file=sys.stderr)
+    return seconds

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 
+#: New-token counts a compiled target is warmed up on before anything is timed (prefill, one token, chains).
+COMPILE_SIZES = (1, 2, 4, 8, 16)
+
 HELP = (
     "tokens/s, tau and acceptance of our decoders (chain, multi-draft, dynamic and planned trees) against "
     "transformers generate, prompt lookup and early-exit assisted generation, at T = 0 and 1"
@@ -16,7 +19,7 @@ HELP = (
 
 
 def add_arguments(parser) -> None:
-    from experiments.commands import add_quantize_argument
+    from experiments.commands import add_compile_argument, add_quantize_argument
 
     parser.add_argument("--prompts", type=int, default=10, help="prompts of the set (default 10)")
     parser.add_argument(
@@ -58,6 +61,7 @@ def add_arguments(parser) -> None:
         "--rows", default="*", help="row names to run, comma-separated shell patterns (default: all)"
     )
     add_quantize_argument(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "--peer",
         choices=("transformers", "llamacpp"),
@@ -110,6 +114,7 @@ def config_from_args(args):
         calibration_tokens=args.calibration_tokens,
         rows=_items(args.rows, "--rows", str),
         quantize=args.quantize,
+        compile=args.compile,
         peer=args.peer,
         peer_weights=_items(args.peer_weights, "--peer-weights", str),
     )
@@ -122,7 +127,7 @@ def run(args) -> int:
     from experiments import bench_plan, bench_rows
     from experiments.apriori.cli import check_writable
     from experiments.bench import checkpoint_path, read_checkpoint, run_bench, summarise, write_report
-    from experiments.commands import set_torch_threads
+    from experiments.commands import compile_target, set_torch_threads
     from experiments.profiling import context_ids
     from experiments.prompts import prompt_set
 
@@ -150,9 +155,13 @@ def run(args) -> int:
     checkpoint = checkpoint_path(args.out)
     saved = read_checkpoint(checkpoint, settings)
 
-    targets, peers, tokenizer = {}, {}, None
+    targets, peers, tokenizer, compile_seconds = {}, {}, None, {}
     for dtype in config.dtypes:
         model, tokenizer = bench_rows.load_target(dtype, config)
+        if config.compile:
+            compile_seconds[dtype] = compile_target(
+                model, COMPILE_SIZES, enabled=True, label=f"{dtype} target"
+            )
         targets[dtype] = (model, bench_rows.model_drafters(config, model))
         peer_rows = ["hf-generate", "hf-early-exit", *(f"hf-prompt-lookup-k{k}" for k in config.lookups)]
         wants_peer = any(config.wants(name) for name in peer_rows)
@@ -161,7 +170,8 @@ def run(args) -> int:
     prompts = [tokenizer.encode(text) for text in texts]
     llms, extra = {}, {}
     if config.peer == "llamacpp":
-        llms, extra = _llamacpp(config, threads, prompts, args.max_new_tokens, targets)
+        llms, extra, seconds = _llamacpp(config, threads, prompts, args.max_new_tokens, targets)
+        compile_seconds.update(seconds)
     # Which rows run, before anything is measured (a plan-tree row stands for the tree planned later).
     unplanned = [
         {"drafter": label, "dtype": dtype, "temperature": float(t), "parents": [-1]}
@@ -212,6 +222,8 @@ def run(args) -> int:
         progress=lambda pairs: tqdm(pairs, desc="bench", unit="run"),
     )
     result = {"settings": settings, "rows": summarise(done), **prepared}
+    if config.compile:  # wall seconds of compilation (or of loading it from Inductor's cache), apart
+        result["compile_seconds"] = compile_seconds
     if "llamacpp" in prepared:
         from experiments.bench_llamacpp import section
 
@@ -243,12 +255,33 @@ def _llamacpp(config, threads: int, prompts, max_new_tokens: int, targets):
             llms[(weights, lookup)] = load_llama(weights, lookup, threads=threads, n_ctx=n_ctx)
         return llms[(weights, lookup)]
 
-    int8 = None
-    if config.quantize == "none" and config.wants("ar-int8") and 0.0 in config.temperatures:
-        from dataclasses import replace
-
-        int8 = bench_rows.load_target("float32", replace(config, quantize="int8"))[0]
-    runners = bench_rows.llamacpp_runners(config, load, int8)
+    plain, compile_seconds = {}, {}
+    if 0.0 in config.temperatures and "float32" in targets:
+        plain, compile_seconds = _plain_targets(config, targets["float32"][0])
+    runners = bench_rows.llamacpp_runners(config, load, plain_targets=plain)
     for weights in config.peer_weights:  # the profiled models: logits for every position, as lookup runs
         load(weights, max(config.lookups))
-    return llms, runners
+    return llms, runners, compile_seconds
+
+
+def _plain_targets(config, float32_target):
+    """Our extra plain-decoding targets next to llama.cpp: ``ar-int8`` and ``ar-q4_1`` (float32 activations;
+    compiled with ``--compile``) and, with ``--compile``, eager twins ``ar-eager``, ``ar-int8-eager``,
+    ``ar-q4_1-eager``. Returns ``({row name: model}, {row name: compile seconds})``."""
+    from dataclasses import replace
+
+    from experiments import bench_rows
+    from experiments.commands import compile_target
+
+    models, seconds = {}, {}
+    load = bench_rows.load_target
+    for scheme in ("int8", "q4_1") if config.quantize == "none" else ():
+        name = f"ar-{scheme}"
+        if config.wants(name):
+            models[name] = load("float32", replace(config, quantize=scheme))[0]
+            seconds[name] = compile_target(models[name], COMPILE_SIZES, enabled=config.compile, label=name)
+        if config.compile and config.wants(f"{name}-eager"):  # its own model: compile_model changes one
+            models[f"{name}-eager"] = load("float32", replace(config, quantize=scheme))[0]
+    if config.compile and config.wants("ar-eager"):
+        models["ar-eager"] = load("float32", config)[0]
+    return models, seconds

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.commands import add_dtype_argument, add_quantize_argument
+from experiments.commands import add_compile_argument, add_dtype_argument, add_quantize_argument
 
 HELP = "measure the target's forward time per number of new tokens and the drafter's cost; write latency JSON"
 
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_dtype_argument(parser)
     add_quantize_argument(parser)
+    add_compile_argument(parser)
     parser.add_argument(
         "--drafter",
         default=None,
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from executor.drafters import default_drafter, parse_drafter
     from executor.files import write_json
     from executor.quantize import resolve_quantize
-    from experiments.commands import set_torch_threads
+    from experiments.commands import compile_target, set_torch_threads
     from experiments.profiling import (
         PROFILE_FORMAT,
         PROFILE_VERSION,
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, name="--dtype")
     quantize = resolve_quantize(args.quantize, name="--quantize")
     model, tokenizer = load_target(args.model, dtype, quantize)
+    compile_seconds = compile_target(model, sizes, enabled=args.compile)
     context = context_ids(tokenizer, args.context)
     drafter_name = args.drafter or default_drafter(model)
     drafter = None if drafter_name == "none" else parse_drafter(drafter_name, model)
@@ -122,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model or "embedded SmolLM2-135M-Instruct",
         "dtype": str(dtype).removeprefix("torch."),
         "quantize": quantize or "none",
+        "compiled": compile_seconds is not None,
+        "compile_seconds": compile_seconds,
         "device": str(device),
         "threads": threads,
         "hardware": detect_hardware().summary(),
@@ -153,9 +157,14 @@ def run_llamacpp(args: argparse.Namespace, sizes: list[int], threads: int) -> in
     from experiments.peer_llamacpp import import_llama_cpp, profile_llamacpp
     from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION, context_ids
 
-    if args.model is not None or args.drafter is not None or args.quantize not in (None, "none"):
+    if (
+        args.model is not None
+        or args.drafter is not None
+        or args.quantize not in (None, "none")
+        or args.compile
+    ):
         raise ValueError(
-            "--peer llamacpp profiles the embedded model's GGUF: no --model, --drafter, --quantize"
+            "--peer llamacpp profiles the embedded model's GGUF: no --model, --drafter, --quantize, --compile"
         )
     llama_cpp = import_llama_cpp()
     context = context_ids(load_tokenizer(), args.context)
@@ -191,6 +200,8 @@ def format_report(report: dict) -> str:
     """The profile as text: target time per size (median, IQR, relative to one token) and the drafter's."""
     target = report["target"]
     quantized = f" ({report['quantize']} weights)" if report.get("quantize", "none") != "none" else ""
+    if report.get("compiled"):
+        quantized += f", compiled (compile {report['compile_seconds']:.1f} s, not in the times)"
     lines = [
         f"{report['model']}, {report['dtype']}{quantized} on {report['device']}, {report['threads']} threads, "
         f"context {report['context_tokens']} tokens, {report['repeats']} repeats (median, IQR)",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from executor import compiled
-from executor.compiled import compile_model, warm_up
+from executor.compiled import compile_and_warm_up, compile_model, warm_up
 
 
 def test_without_a_compiler_the_model_stays_eager_with_one_line(tiny_model, monkeypatch, capsys):
@@ -46,6 +46,27 @@ def test_compile_model_and_warm_up_reject_bad_input(tiny_model):
         warm_up(model, (1, 4), context=6)
     with pytest.raises(ValueError, match="token_counts"):
         warm_up(model, (0,), context=2)
+
+
+def test_compile_and_warm_up_sets_up_a_cache_warms_every_size_and_reports_a_fallback(tiny_model, monkeypatch):
+    sizes = []
+
+    def counting_compile(function, **options):
+        def step(*args):
+            sizes.append(args[0].shape[1])
+            return function(*args)
+
+        return step
+
+    monkeypatch.setattr(compiled, "compiler_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    model = tiny_model(4, max_seq_len=64)
+    model.setup_cache(8)  # too small: compile_and_warm_up allocates context + max(sizes) slots
+    seconds = compile_and_warm_up(model, (4, 1, 2))
+    assert seconds >= 0 and sizes == [16, 1, 2, 4] and model.cache_slots == 20
+    # No compiler: the model stays eager and the answer is None, not a time.
+    monkeypatch.setattr(compiled, "compiler_available", lambda: False)
+    assert compile_and_warm_up(tiny_model(4), (1,)) is None
 
 
 @pytest.mark.slow

@@ -90,6 +90,61 @@ def test_plan_tree_and_plan_length_accept_the_profile(tmp_path, tiny_target, cap
     assert 1 <= length["latency"]["cap"] <= 7
 
 
+@pytest.fixture
+def fake_compile(monkeypatch):
+    """``torch.compile`` replaced by a wrapper that counts calls (Inductor itself is tested in
+    tests/executor/test_compiled.py): what the commands' ``--compile`` plumbing does, not how fast it is."""
+    import torch
+
+    from executor import compiled
+
+    calls = []
+
+    def compile_(function, **options):
+        def step(*args):
+            calls.append(args[0].shape[1])  # the number of new tokens of the forward
+            return function(*args)
+
+        return step
+
+    monkeypatch.setattr(compiled, "compiler_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", compile_)
+    return calls
+
+
+def test_compile_times_the_compiled_step_and_reports_compile_time_apart(
+    tmp_path, tiny_target, fake_compile, capsys
+):
+    data = profile(tmp_path, "--drafter", "none", "--compile")
+    assert data["compiled"] is True and data["compile_seconds"] >= 0
+    # The warm-up ran every size first, then every timed forward went through the compiled step.
+    warmed = fake_compile[: 1 + len(data["target"]["sizes"])]
+    assert warmed == [16, *data["target"]["sizes"]]
+    assert len(fake_compile) > len(warmed) and set(fake_compile[len(warmed) :]) >= {1, 2, 4, 8}
+    assert "compiled (compile" in capsys.readouterr().out
+    # plan-length reads the compiled profile like any other.
+    alpha = tmp_path / "alpha.json"
+    alpha.write_text("0.7")
+    latency = str(tmp_path / "latency.json")
+    assert (
+        main(["plan-length", "--acceptance", str(alpha), "--latency", latency, "--draft-time", "0.001"]) == 0
+    )
+    # Without --compile nothing is compiled (negative control), and without a compiler the run stays eager.
+    fake_compile.clear()
+    assert profile(tmp_path, "--drafter", "none")["compiled"] is False and fake_compile == []
+
+
+def test_compile_without_a_compiler_profiles_the_eager_model_and_says_so(
+    tmp_path, tiny_target, monkeypatch, capsys
+):
+    from executor import compiled
+
+    monkeypatch.setattr(compiled, "compiler_available", lambda: False)
+    data = profile(tmp_path, "--drafter", "none", "--compile")
+    assert data["compiled"] is False and data["compile_seconds"] is None
+    assert "running the model eagerly" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -238,6 +238,71 @@ def _fake_profile(llms, context, sizes, repeats, warmup, progress):
     return {name: _document([0.01 * (1 + 0.1 * (n - 1)) for n in range(1, max(sizes) + 1)]) for name in llms}
 
 
+def test_bench_compile_runs_our_targets_compiled_next_to_eager_twins(monkeypatch, tmp_path):
+    """``--compile`` with ``torch.compile`` faked (the plumbing, not Inductor): the ``ar`` rows go through the
+    compiled step, the ``-eager`` twins never do, compile time is reported apart, the rows decode alike."""
+    from executor import compiled
+    from experiments.cli import main
+    from experiments.commands import bench as command
+
+    class Tokenizer:
+        eos_token_id = 0
+
+        def encode(self, text):
+            return [1 + ord(c) % 23 for c in text][:12]
+
+    loaded = []
+
+    def load_target(dtype, config):
+        loaded.append(config.quantize)
+        return build_tiny_model(3, vocab_size=24, n_layers=2, max_seq_len=160), Tokenizer()
+
+    compiled_models = []
+
+    def fake_compile(function, **options):
+        model = function.__self__
+        compiled_models.append(model)
+
+        def step(*args):
+            model.compiled_calls = getattr(model, "compiled_calls", 0) + 1
+            return function(*args)
+
+        return step
+
+    monkeypatch.setattr(bench_rows, "load_target", load_target)
+    monkeypatch.setattr(compiled, "compiler_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(peer_llamacpp, "import_llama_cpp", lambda: None)
+    monkeypatch.setattr(
+        command, "load_llama", lambda weights, lookup, threads, n_ctx: FakeLlama(weights, lookup)
+    )
+    monkeypatch.setattr(peer_llamacpp, "profile_llamacpp", _fake_profile)
+    out = tmp_path / "bench.json"
+    code = main(
+        ["bench", "--peer", "llamacpp", "--peer-weights", "f32", "--dtypes", "float32", "--temperatures", "0",
+         "--prompt-set", "other", "--prompts", "2", "--max-new-tokens", "5", "--lookups", "2",
+         "--rows", "ar*,llamacpp", "--latency-repeats", "1", "--context", "16", "--exit-layer", "1",
+         "--drafters", "early-exit:1", "--threads", "1", "--compile", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    rows = {row["decoder"]: row for row in result["rows"]}
+    assert set(rows) == {
+        "ar", "ar-eager", "ar-int8", "ar-int8-eager", "ar-q4_1", "ar-q4_1-eager", "llamacpp"
+    }  # fmt: skip
+    assert sorted(loaded) == sorted(["none", "none", "int8", "int8", "q4_1", "q4_1"])
+    assert set(result["compile_seconds"]) == {"float32", "ar-int8", "ar-q4_1"}
+    assert all(s >= 0 for s in result["compile_seconds"].values())
+    # Three models compiled (ar, ar-int8, ar-q4_1), each ran its forwards through the compiled step ...
+    assert len(compiled_models) == 3 and all(m.compiled_calls > 5 for m in compiled_models)
+    # ... and the same tiny weights decode the same tokens compiled or eager.
+    assert all(rows[name]["agrees_with_ar"] == 1 for name in rows if name.startswith("ar"))
+    section = {row["decoder"]: row for row in result["llamacpp"]["rows"]}
+    assert set(section) == set(rows) and section["ar-q4_1-eager"]["vs_q4_1"] > 0
+    assert "compile time, not in the rows" in (tmp_path / "bench.md").read_text()
+    assert "vs our q4_1 ar" in (tmp_path / "bench.md").read_text()
+
+
 # --- the real llama.cpp (the optional extra) ----------------------------------------------------------------
 
 
