@@ -276,6 +276,11 @@ def measure_latency(
 
     Every size and the drafter are timed once per round, in turn (round-robin), so that a change of machine
     load hits all of them alike; the first round warms up and is dropped.
+
+    ``t(n)`` is the target's forward pass alone and the draft pass the drafter's ``draft_logits`` call alone,
+    exactly what the run's clocks time (:class:`~experiments.apriori.run.StepClock`, :class:`RecordingDrafter`):
+    the rest of a step (the attention mask, the probabilities, verification) is the configuration's measured
+    overhead, which the prediction adds on top. Timing them here as well counted them twice.
     """
     import torch
 
@@ -312,9 +317,9 @@ def measure_latency(
                 tree = DraftTree(1)
                 for child in range(n - 1):
                     tree.add_child(0, child + 2)
-                start = time.perf_counter()
-                sampling.probs(run_tree(model, tree, list(range(n)), state.committed))
-                samples[n].append(time.perf_counter() - start)
+                with _ForwardClock(model) as clock:
+                    sampling.probs(run_tree(model, tree, list(range(n)), state.committed))
+                samples[n].append(clock.seconds)
             samples["draft"].append(_draft_step(draft, state, sampling))
     table = {n: float(np.median(samples[n][1:])) for n in sizes}
     return LatencyProfile(table, float(np.median(samples["draft"][1:])), "measured in the run (interleaved)")
@@ -333,13 +338,41 @@ def _draft_step(draft, state, sampling) -> float:
     tree = DraftTree(state.tokens[-1])
     start = time.perf_counter()
     logits = draft.draft_logits(state, tree, [0])
+    seconds = time.perf_counter() - start
     if logits is None:
-        return time.perf_counter() - start
+        return seconds
     child = tree.add_child(0, int(sampling.probs(logits)[0].argmax()))
-    logits = draft.draft_logits(state, tree, [child])
-    if logits is not None:
-        sampling.probs(logits)
-    return (time.perf_counter() - start) / 2
+    start = time.perf_counter()
+    draft.draft_logits(state, tree, [child])
+    return (seconds + time.perf_counter() - start) / 2
+
+
+class _ForwardClock:
+    """Seconds spent in ``model.forward`` within a ``with`` block (the target's passes only, as
+    :class:`~experiments.apriori.run.StepClock` counts them); the model's own ``forward`` is restored after."""
+
+    def __init__(self, model) -> None:
+        self.model, self.seconds = model, 0.0
+
+    def __enter__(self):
+        self._own = self.model.__dict__.get("forward")
+        forward = self.model.forward
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        self.model.forward = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._own is None:
+            self.model.__dict__.pop("forward", None)
+        else:
+            self.model.forward = self._own
 
 
 @dataclass

@@ -26,9 +26,9 @@ def add_arguments(parser) -> None:
         "--quick", action="store_true", help="fewer prompts, tokens and decoders (under 5 minutes)"
     )
     parser.add_argument(
-        "--prompts", type=int, default=None, help="HumanEval prompts, split in two halves (default 10)"
+        "--prompts", type=int, default=None, help="HumanEval prompts, split in two halves (default 8)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per generation (default 48)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per generation (default 32)")
     parser.add_argument(
         "--temperatures",
         "--temperature",

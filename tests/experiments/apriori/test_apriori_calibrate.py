@@ -257,3 +257,66 @@ def test_a_feature_drafter_without_hidden_states_drafts_nothing_and_looks_free()
     latency = measure_latency(model, drafter, [1, 2], temperature=1.0, context=16, repeats=3)
     assert drafter.returned == [None] * 5
     assert latency.draft_time / latency.target_time[1] < 0.05
+
+
+class FakeClock:
+    """``time.perf_counter`` that advances only when a timed piece of work says it ran."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class SlowDrafter(CountingDrafter):
+    """A drafter whose every ``draft_logits`` call takes ``seconds`` on the fake clock."""
+
+    def __init__(self, inner, clock: FakeClock, seconds: float) -> None:
+        super().__init__(inner)
+        self.clock, self.seconds = clock, seconds
+
+    def draft_logits(self, state, tree, nodes):
+        self.clock.now += self.seconds
+        return super().draft_logits(state, tree, nodes)
+
+
+@pytest.mark.parametrize("forward, probs, draft", [(0.25, 0.0, 0.125), (0.25, 1.0, 0.125)])
+def test_latency_profile_times_what_the_run_clocks_time_so_overhead_is_not_counted_twice(
+    monkeypatch, forward, probs, draft
+):
+    # The prediction charges t(n) + passes * t_draft + the configuration's overhead, where the run's clocks
+    # (StepClock, RecordingDrafter) count the target's forward and the draft call, and everything else (the
+    # probabilities, the mask, verification) is overhead. With a fake clock on which a forward takes `forward`,
+    # a probability computation `probs` and a draft call `draft`, the profile must be exactly (forward, draft)
+    # whatever `probs` costs; the previous profile gave forward + probs and draft + probs / 2.
+    import importlib
+
+    from executor.decoders import base
+    from experiments.apriori.calibrate import measure_latency
+
+    module = importlib.import_module("experiments.apriori.calibrate")
+    from tests.executor.test_drafters_feature import drafter_for
+
+    clock = FakeClock()
+    monkeypatch.setattr(module, "time", clock)
+    model = build_tiny_model(seed=1, vocab_size=10, n_layers=2, max_seq_len=64)
+    own_forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        clock.now += forward
+        return own_forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    own_probs = base.Sampling.probs
+
+    def slow_probs(self, logits):
+        clock.now += probs
+        return own_probs(self, logits)
+
+    monkeypatch.setattr(base.Sampling, "probs", slow_probs)
+    drafter = SlowDrafter(drafter_for(model), clock, draft)
+    latency = measure_latency(model, drafter, [1, 2, 3], temperature=1.0, context=16, repeats=3)
+    assert latency.target_time == {1: forward, 2: forward, 3: forward}
+    assert latency.draft_time == draft
+    assert model.forward is slow_forward  # the profile's clock is gone, the model's forward is back
