@@ -6,7 +6,7 @@ Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [
 hub draft law) and RRS without replacement (a tree node with two children). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
 that sorts by ratio), interleaved, so that the ratio survives a loaded machine. Real pairs are logged by the
 executor (:func:`experiments.real_pairs.log_pairs`: multi-draft decoder, untrained early-exit drafter at
-layer 15, T = 0.7 and 1) and cached under ``--pairs-dir`` (resumable). Prints a table and writes JSON
+layer 15, T = 0.7 and 1) and cached under ``--pairs-dir`` (default ``$XDG_CACHE_HOME/specbound/bench_pairs``, resumable). Prints a table and writes JSON
 atomically; the recorded results are in ``docs/benchmarks/optimal_verifier.md``.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from executor.training.checkpoint import cache_root
 from theory import optimal_verifier, optimal_verifier_wor, verifier
 
 DRAFTS = (2, 4, 8)
@@ -187,7 +188,12 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few pairs per case")
-    parser.add_argument("--pairs-dir", type=Path, default=Path("bench_pairs"), help="cache of logged pairs")
+    parser.add_argument(
+        "--pairs-dir",
+        type=Path,
+        default=cache_root() / "bench_pairs",
+        help="cache of logged pairs (default: $XDG_CACHE_HOME/specbound/bench_pairs; ~170 MB)",
+    )
     parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt when logging real pairs")
     parser.add_argument("--synthetic", type=int, default=20, help="synthetic pairs per temperature")
     parser.add_argument(
