@@ -32,8 +32,8 @@ from torch import nn
 
 from executor.decoders import ChainDecoder
 from executor.methods._common import check_exit_layer, default_exit_layer
-from executor.methods.base import Method, Prediction, acceptance_by_position
-from executor.methods.calibration import forward_time_ratio
+from executor.methods.base import Method, Prediction
+from executor.methods.calibration import depth_acceptance, forward_time_ratio
 from theory.checks import as_count
 
 __all__ = ["EasySpec", "LayerParallelDrafter", "layer_groups"]
@@ -174,20 +174,21 @@ class EasySpec(Method):
             for index, prompt in enumerate(calibration_prompts):
                 generator = torch.Generator().manual_seed(3000 + index)
                 steps += decoder.generate(prompt, max_new_tokens, generator=generator).steps
-            measured[fuzzy] = (acceptance_by_position(steps), drafter)
-        exact_pos, exact_drafter = measured[False]
-        fuzzy_pos, fuzzy_drafter = measured[True]
-        alpha = _conditional(exact_pos)
-        alpha_fuzzy = _conditional(fuzzy_pos)
-        first = alpha[0] if alpha else 0.0
-        drop = max(0.0, float(np.mean(alpha[1:]) - np.mean(alpha_fuzzy[1:]))) if len(alpha_fuzzy) > 1 else 0.0
+            measured[fuzzy] = (depth_acceptance(steps, self.gamma, 1), drafter)
+        exact, exact_drafter = measured[False]
+        fuzzy, fuzzy_drafter = measured[True]
+        # Per-depth conditional acceptance of the chain (depth d given d - 1), deep depths pooled when thin.
+        alpha = exact.table[:, 0].tolist()
+        alpha_fuzzy = fuzzy.table[:, 0].tolist()
+        first = alpha[0]
+        drop = max(0.0, float(np.mean(alpha[1:]) - np.mean(alpha_fuzzy[1:]))) if self.gamma > 1 else 0.0
         drop = min(drop, first)
         one_token = np.median(exact_drafter.draft_passes) if exact_drafter.draft_passes else np.nan
         calibration = [t for n, t in fuzzy_drafter.calibration_passes if n > 1]
         overhead = max(0.0, float(np.median(calibration) / one_token - 1)) if calibration else 0.0
-        predicted_tau = float(
-            theory.expected_tokens([first] + [max(first - drop, 0.0)] * (self.gamma - 1), self.gamma)
-        )
+        # The fuzzy drafter is what runs: its measured acceptance per depth gives tau (Leviathan et al.'s
+        # chain with per-position rates); first and drop feed the multi-device model below.
+        predicted_tau = float(theory.expected_tokens(alpha_fuzzy, self.gamma))
         head = forward_time_ratio(self.target, 0)
         full = 1.0
         layer_time = max((full - head) / self.target.config.n_layers, 1e-6)
@@ -217,6 +218,9 @@ class EasySpec(Method):
         return Prediction(
             predicted_tau,
             {
+                **fuzzy.details(),
+                "model": "expected_tokens(per-depth alpha of the fuzzy drafter)",
+                "depth_aware": True,
                 "alpha_exact": first,
                 "alpha_exact_by_position": alpha,
                 "alpha_fuzzy_by_position": alpha_fuzzy,
@@ -234,12 +238,3 @@ class EasySpec(Method):
             if drafter.calibration_passes
             else 0.0
         }
-
-
-def _conditional(by_position: list[float]) -> list[float]:
-    """Conditional acceptance per position from reach fractions: a_j = r_j / r_{j-1} (r_0 = 1)."""
-    out, previous = [], 1.0
-    for reach in by_position:
-        out.append(reach / previous if previous > 0 else 0.0)
-        previous = reach
-    return out
