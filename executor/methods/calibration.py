@@ -206,7 +206,9 @@ def forward_time_ratio(
 #: Fewest trials (steps whose accepted path reached a parent at depth ``d - 1`` that had children) for the
 #: acceptance at depth ``d`` to be estimated on its own; shallower than that, deeper depths are pooled.
 #: With 5 trials a proportion's standard error is at most 0.22, about the fall in acceptance from one depth to
-#: the next that the estimate must resolve (0.39 -> 0.11, 0.71 -> 0.25 in the quick run's held-out logs).
+#: the next that the estimate must resolve; the a-priori loop's calibration uses the same count
+#: (``experiments.apriori.calibrate.MIN_EVENTS``). The predictions move little with it (1, 3 or 5 change the
+#: quick run's predicted tau by at most 0.2); the number of calibration steps is what limits them.
 MIN_DEPTH_SAMPLES = 5
 
 
