@@ -208,7 +208,7 @@ def forward_time_ratio(
 #: With 5 trials a proportion's standard error is at most 0.22, about the fall in acceptance from one depth to
 #: the next that the estimate must resolve; the a-priori loop's calibration uses the same count
 #: (``experiments.apriori.calibrate.MIN_EVENTS``). The predictions move little with it (1, 3 or 5 change the
-#: quick run's predicted tau by at most 0.2); the number of calibration steps is what limits them.
+#: quick run's predicted tau by at most 0.22); the number of calibration steps is what limits them.
 MIN_DEPTH_SAMPLES = 5
 
 
