@@ -129,10 +129,17 @@ def _prediction_check(row: dict) -> str | None:
     if row["prediction"].get("depth_aware") and calibration:
         # The model reads one acceptance per depth already: what can break is its transfer to these prompts.
         measured = ", ".join(f"{a:.2f}" for a in calibration[:4])
+        pooled = row["prediction"].get("pooled_from_depth")
+        trials = row["prediction"].get("acceptance_trials")
+        thin = ""
+        if pooled is not None and trials and pooled <= len(trials):
+            counts = ", ".join(str(int(t)) for t in trials)
+            thin = f"; depths {pooled} and deeper pooled into one estimate (calibration trials per depth: {counts})"
         return (
             f"{text}: the assumption that broke is that the per-depth acceptance measured on the calibration "
             f"prompts holds on the held-out ones ({model}; calibration acceptance by depth, all children of "
-            f"a node: {measured}; held-out acceptance of depth d given d - 1 on the method's tree: {shown or '–'})"
+            f"a node: {measured}{thin}; held-out acceptance of depth d given d - 1 on the method's tree: "
+            f"{shown or '–'})"
         )
     if len(conditional) > 1 and conditional[1] < DEPTH_DECAY * conditional[0]:
         return (

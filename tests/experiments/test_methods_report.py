@@ -118,7 +118,11 @@ def test_a_far_depth_aware_prediction_blames_the_transfer_not_the_depth():
     check = summarise_unit(record)["prediction_check"]
     assert "acceptance falls with depth" not in check
     assert "per-depth acceptance measured on the calibration prompts" in check
-    assert "0.90, 0.60" in check and "0.80, 0.25, 0.50" in check
+    assert "0.90, 0.60" in check and "0.80, 0.25, 0.50" in check and "pooled" not in check
+    # Thin calibration depths pooled into one estimate are named, with the trials that made them thin.
+    record["prediction"] = {**prediction, "pooled_from_depth": 2, "acceptance_trials": [9, 3]}
+    check = summarise_unit(record)["prediction_check"]
+    assert "depths 2 and deeper pooled into one estimate (calibration trials per depth: 9, 3)" in check
 
 
 def test_conditional_acceptance_by_depth_divides_consecutive_reach_fractions():
