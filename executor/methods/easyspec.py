@@ -18,7 +18,9 @@ The chain is verified by the target as usual, so the method is lossless.
 On one CPU the groups run one after the other, so nothing is faster; what is measured is the acceptance drop
 of fuzzy drafting (against the same drafter run exactly) and the calibration cost (the multi-token exact pass
 against a one-token pass), which :func:`theory.layer_parallel_speedup` turns into the speedup on several
-devices.
+devices. Acceptance is measured per depth (:func:`~executor.methods.calibration.depth_acceptance` on the
+calibration chains): the fuzzy drafter's gives the predicted tokens per step, the exact drafter's and the
+per-depth drop the multi-device model.
 """
 
 from __future__ import annotations
@@ -181,13 +183,14 @@ class EasySpec(Method):
         alpha = exact.table[:, 0].tolist()
         alpha_fuzzy = fuzzy.table[:, 0].tolist()
         first = alpha[0]
-        drop = max(0.0, float(np.mean(alpha[1:]) - np.mean(alpha_fuzzy[1:]))) if self.gamma > 1 else 0.0
-        drop = min(drop, first)
+        # Drop of fuzzy drafting per depth (positions 2..gamma; fuzzy drafting is taken never to help).
+        drops = np.clip(np.subtract(alpha, alpha_fuzzy), 0.0, alpha)
+        drops[0] = 0.0
         one_token = np.median(exact_drafter.draft_passes) if exact_drafter.draft_passes else np.nan
         calibration = [t for n, t in fuzzy_drafter.calibration_passes if n > 1]
         overhead = max(0.0, float(np.median(calibration) / one_token - 1)) if calibration else 0.0
         # The fuzzy drafter is what runs: its measured acceptance per depth gives tau (Leviathan et al.'s
-        # chain with per-position rates); first and drop feed the multi-device model below.
+        # chain with per-position rates); the exact drafter's and the drops feed the multi-device model.
         predicted_tau = float(theory.expected_tokens(alpha_fuzzy, self.gamma))
         head = forward_time_ratio(self.target, 0)
         full = 1.0
@@ -201,8 +204,8 @@ class EasySpec(Method):
         devices = {}
         for count in (1, 2, 4, 8):
             result = theory.layer_parallel_speedup(
-                first,
-                drop,
+                alpha,
+                drops,
                 self.gamma,
                 self.exit_layer,
                 count,
@@ -224,7 +227,7 @@ class EasySpec(Method):
                 "alpha_exact": first,
                 "alpha_exact_by_position": alpha,
                 "alpha_fuzzy_by_position": alpha_fuzzy,
-                "alpha_drop": drop,
+                "alpha_drop_by_position": drops.tolist(),
                 "calibration_overhead": overhead,
                 "attention_fraction": attention,
                 "predicted_by_devices": devices,

@@ -338,3 +338,11 @@ def test_easyspec_predicts_tau_from_the_fuzzy_drafters_acceptance_per_depth(tiny
     assert len(alphas) == 2 and prediction.details["depth_aware"]
     assert [row[0] for row in prediction.details["acceptance_table"]] == alphas
     assert prediction.predicted_tau == pytest.approx(theory.expected_tokens(alphas, 2), abs=1e-12)
+    # The multi-device model reads the exact drafter's acceptance and the drop per depth.
+    exact, drops = prediction.details["alpha_exact_by_position"], prediction.details["alpha_drop_by_position"]
+    assert len(drops) == 2 and drops[0] == 0.0 and drops[1] == max(0.0, exact[1] - alphas[1])
+    one_device = prediction.details["predicted_by_devices"][1]
+    expected = theory.expected_tokens([exact[0], exact[1] - drops[1]], 2)
+    assert one_device["speedup"] > 0 and expected == pytest.approx(
+        theory.layer_parallel_speedup(exact, drops, 2, 3, 1, layer_time=0.1, target_time=1.0).tokens_per_step
+    )
