@@ -105,8 +105,10 @@ TAU_TOLERANCE = 0.10
 
 def _prediction_check(row: dict) -> str | None:
     """``"within 10%"``, or the assumption that broke: too few held-out steps to resolve 10% (the gap is
-    within two standard errors of the measured tau), or calibration and held-out acceptance differ (the
-    theory's input, acceptance measured on *other* prompts, does not transfer to these prompts)."""
+    within two standard errors of the measured tau), acceptance falling with depth under a model with one
+    acceptance law for every depth, or calibration and held-out acceptance differ (the theory's input,
+    acceptance measured on *other* prompts, does not transfer to these prompts; the only reason left for a
+    model marked ``depth_aware``, which reads a measured acceptance per depth)."""
     error = row["tau_relative_error"]
     if error is None or not row["lossless"]:
         return None
@@ -123,6 +125,22 @@ def _prediction_check(row: dict) -> str | None:
     text = f"off by {100 * error:.0f}%" + (f" (beyond 2 standard errors, ±{2 * se:.2f})" if se else "")
     conditional = conditional_by_depth(row["acceptance_by_position"])
     shown = ", ".join(f"{a:.2f}" for a in conditional[:4])
+    calibration = row["prediction"].get("calibration_by_depth")
+    if row["prediction"].get("depth_aware") and calibration:
+        # The model reads one acceptance per depth already: what can break is its transfer to these prompts.
+        measured = ", ".join(f"{a:.2f}" for a in calibration[:4])
+        pooled = row["prediction"].get("pooled_from_depth")
+        trials = row["prediction"].get("acceptance_trials")
+        thin = ""
+        if pooled is not None and trials and pooled <= len(trials):
+            counts = ", ".join(str(int(t)) for t in trials)
+            thin = f"; depths {pooled} and deeper pooled into one estimate (calibration trials per depth: {counts})"
+        return (
+            f"{text}: the assumption that broke is that the per-depth acceptance measured on the calibration "
+            f"prompts holds on the held-out ones ({model}; calibration acceptance by depth, all children of "
+            f"a node: {measured}{thin}; held-out acceptance of depth d given d - 1 on the method's tree: "
+            f"{shown or '–'})"
+        )
     if len(conditional) > 1 and conditional[1] < DEPTH_DECAY * conditional[0]:
         return (
             f"{text}: acceptance falls with depth (held-out acceptance of depth d given d - 1: {shown}); the assumption "

@@ -11,10 +11,11 @@ draft token of the next round.
 
 Model used here, per chain step with ``gamma`` drafts:
 
-* sequential drafting: ``gamma`` exact passes of time ``T_seq``; every token accepted with probability alpha;
+* sequential drafting: ``gamma`` exact passes of time ``T_seq``; every token accepted with probability alpha
+  (or, per depth, position ``d`` with the conditional acceptance ``alpha_d``);
 * layer-parallel drafting: one exact calibration pass, ``T_seq * (1 + calibration_overhead)``, then
   ``gamma - 1`` fuzzy passes of time ``T_par``; the first token keeps alpha, the fuzzy ones
-  ``alpha - alpha_drop``.
+  ``alpha - alpha_drop`` (per depth: ``alpha_d - alpha_drop_d``).
 
 Speedups are against plain target decoding (``target_time`` per token), as in Leviathan et al. (ICML 2023,
 arXiv:2211.17192).
@@ -25,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from numbers import Real
 
+import numpy as np
 from scipy.optimize import brentq
 
 from theory.checks import as_count, as_nonnegative, as_probabilities
@@ -125,14 +127,43 @@ class LayerParallelSpeedup:
         return self.speedup > self.sequential_speedup
 
 
-def _step_tokens(alpha: float, alpha_drop: float, gamma: int) -> float:
+def _per_position(alpha, alpha_drop, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """``alpha`` and ``alpha_drop`` as per-position vectors of length ``gamma`` (a number repeats), validated:
+    each drop at a fuzzy position (2..gamma) within [0, alpha there]; the first position's drop is unused."""
+    vectors = []
+    for value, name in ((alpha, "alpha"), (alpha_drop, "alpha_drop")):
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be a number or a vector in [0, 1], got {value!r}")
+        array = as_probabilities(value, name)
+        if array.ndim == 0:
+            array = np.full(gamma, float(array))
+        elif array.ndim != 1 or array.size < gamma:
+            raise ValueError(
+                f"{name} must be a number or a vector with an entry per drafted position (>= {gamma}), "
+                f"got shape {array.shape}"
+            )
+        vectors.append(array[:gamma])
+    if np.ndim(alpha) == 0 and np.ndim(alpha_drop) == 0 and float(alpha_drop) > float(alpha):
+        raise ValueError(f"alpha_drop ({alpha_drop}) cannot exceed alpha ({alpha})")
+    alpha, alpha_drop = vectors
+    if gamma > 1 and np.any(alpha_drop[1:] > alpha[1:]):
+        d = int(np.argmax(alpha_drop[1:] > alpha[1:])) + 2
+        raise ValueError(
+            f"alpha_drop ({alpha_drop[d - 1]}) cannot exceed alpha ({alpha[d - 1]}) at position {d}"
+        )
+    return alpha, alpha_drop
+
+
+def _step_tokens(alpha: np.ndarray, alpha_drop: np.ndarray, gamma: int) -> float:
     # The calibration pass drafts the first token exactly; the rest are fuzzy.
-    return expected_tokens([alpha] + [alpha - alpha_drop] * (gamma - 1), gamma) if gamma else 1.0
+    if not gamma:
+        return 1.0
+    return expected_tokens(np.concatenate([alpha[:1], alpha[1:] - alpha_drop[1:]]), gamma)
 
 
 def layer_parallel_speedup(
-    alpha: float,
-    alpha_drop: float,
+    alpha,
+    alpha_drop,
     gamma: int,
     draft_layers: int,
     devices: int,
@@ -158,12 +189,15 @@ def layer_parallel_speedup(
     for fuzzy-drafted tokens, ``0 <= alpha_drop <= alpha``) and :math:`\\kappa` = ``calibration_overhead``
     (relative extra cost of the multi-token calibration pass, about 0 when memory-bound). :math:`\\tau` is
     :func:`theory.length.expected_tokens`. Wu et al., EasySpec, NeurIPS 2025, arXiv:2502.02493.
+
+    Acceptance that depends on the depth: ``alpha`` may be the vector :math:`\\alpha_1, \\dots,
+    \\alpha_\\gamma` of per-position conditional acceptances of the exact drafter (position ``d`` accepted
+    given ``d - 1`` was) and ``alpha_drop`` a number or the vector of per-position drops; then
+    :math:`\\tau = 1 + \\sum_t \\prod_{j \\le t} a_j` with :math:`a_1 = \\alpha_1` and
+    :math:`a_j = \\alpha_j - \\delta_j` for the fuzzy positions (numbers give the formula above bitwise).
     """
-    alpha = _as_fraction(alpha, "alpha")
-    alpha_drop = _as_fraction(alpha_drop, "alpha_drop")
-    if alpha_drop > alpha:
-        raise ValueError(f"alpha_drop ({alpha_drop}) cannot exceed alpha ({alpha})")
     gamma = as_count(gamma, "gamma", minimum=0)
+    alpha, alpha_drop = _per_position(alpha, alpha_drop, gamma)
     target_time = as_nonnegative(target_time, "target_time")
     if target_time == 0:
         raise ValueError("target_time must be positive")
@@ -179,7 +213,7 @@ def layer_parallel_speedup(
         head_time=head_time,
     )
     sequential = layer_parallel_draft_time(layer_time, draft_layers, 1, head_time=head_time)
-    sequential_tokens = _step_tokens(alpha, 0.0, gamma)
+    sequential_tokens = _step_tokens(alpha, np.zeros_like(alpha), gamma)
     tokens = _step_tokens(alpha, alpha_drop, gamma)
     parallel_step = sequential * (1.0 + calibration_overhead) + (gamma - 1) * parallel if gamma else 0.0
     return LayerParallelSpeedup(
@@ -192,23 +226,30 @@ def layer_parallel_speedup(
     )
 
 
-def break_even_alpha_drop(alpha: float, gamma: int, draft_layers: int, devices: int, **costs) -> float:
+def break_even_alpha_drop(alpha, gamma: int, draft_layers: int, devices: int, **costs) -> float:
     """The largest acceptance drop at which layer-parallel drafting still matches sequential drafting.
 
     Layer-parallel pays off iff ``alpha_drop`` is below the returned value :math:`\\delta^*`, found by root
     finding on :math:`S_{par}(\\delta) - S_{seq}`, which decreases in :math:`\\delta` (every fuzzy token's
     survival probability does). Returns 0 when even a lossless fuzzy draft does not pay (e.g. costly
-    synchronisation) and ``alpha`` when even total loss of the fuzzy tokens still pays. Keyword arguments are
-    those of :func:`layer_parallel_speedup`.
+    synchronisation) and the largest possible drop (``alpha``; for per-position ``alpha``, the smallest fuzzy
+    position's) when even total loss of the fuzzy tokens still pays. ``alpha`` is a number or per-position
+    vector as for :func:`layer_parallel_speedup`; the drop is the same at every fuzzy position. Keyword
+    arguments are those of :func:`layer_parallel_speedup`.
     """
 
     def advantage(drop: float) -> float:
         result = layer_parallel_speedup(alpha, drop, gamma, draft_layers, devices, **costs)
         return result.speedup - result.sequential_speedup
 
-    alpha = _as_fraction(alpha, "alpha")
+    if np.ndim(alpha) == 0:
+        alpha = _as_fraction(alpha, "alpha")
+        largest = alpha
+    else:
+        vector, _ = _per_position(alpha, 0.0, as_count(gamma, "gamma", minimum=0))
+        largest = float(vector[1:].min()) if vector.size > 1 else float(vector[0])
     if advantage(0.0) <= 0.0:
         return 0.0
-    if advantage(alpha) >= 0.0:
-        return alpha
-    return float(brentq(advantage, 0.0, alpha, xtol=1e-14, rtol=1e-12))
+    if advantage(largest) >= 0.0:
+        return largest
+    return float(brentq(advantage, 0.0, largest, xtol=1e-14, rtol=1e-12))

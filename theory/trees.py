@@ -285,7 +285,8 @@ def _node_acceptance(tree: Tree, matrix: np.ndarray, per_depth: bool) -> np.ndar
     """Acceptance of each node as a child of its parent (root 1); positions beyond the vector accept never."""
     if per_depth and tree.depth > matrix.shape[0]:
         raise ValueError(
-            f"tree has depth {tree.depth} but the per-depth acceptance matrix has only {matrix.shape[0]} rows"
+            f"acc: the per-depth acceptance matrix has {matrix.shape[0]} rows (one per depth) but the tree "
+            f"has depth {tree.depth}; give a row for every depth"
         )
     padded = np.concatenate([matrix, np.zeros((matrix.shape[0], 1))], axis=1)
     ranks = np.minimum(tree.ranks, matrix.shape[1] + 1) - 1  # rank beyond W -> the zero column
@@ -306,15 +307,25 @@ def _node_scores(tree: Tree, acc) -> np.ndarray:
 
 
 def tree_expected_tokens(tree, acc) -> float:
-    """Expected tokens per verification step of ``tree`` under positional acceptance.
+    """Expected tokens per verification step of ``tree`` under positional acceptance, per depth or not.
 
-    .. math:: F(T) = \\sum_{v \\in T} f(v), \\qquad f(v) = \\prod_{i \\in \\mathrm{Path}(v)} p_i,
+    .. math:: F(T) = \\sum_{v \\in T} f(v), \\qquad
+              f(v) = \\prod_{e \\in \\mathrm{Path}(v)} p_{\\mathrm{depth}(e),\\, \\mathrm{rank}(e)},
 
-    with ``f(root) = 1`` for the bonus token (Chen et al., Sequoia, NeurIPS 2024, arXiv 2402.12374,
-    Prop. 3.4). ``acc`` is a vector (``acc[k-1]`` for the ``k``-th child at any depth) or a per-depth matrix
-    (``acc[d-1, k-1]`` for the ``k``-th child at depth ``d``); a child beyond the vector's length is never
-    accepted. A chain of ``gamma`` tokens with ``acc = [alpha]`` gives Leviathan et al.'s
-    ``(1 - alpha**(gamma + 1)) / (1 - alpha)``.
+    with ``f(root) = 1`` for the bonus token: the expected accepted length plus one is the sum over nodes of
+    the product, over the edges of the root-to-node path, of the probability that the child at that edge's
+    depth and sibling rank is the accepted one (Chen et al., Sequoia, NeurIPS 2024, arXiv 2402.12374,
+    Prop. 3.4; App. F.1.1 lets the acceptance vector depend on the depth, as DySpec's estimate of a node's
+    value by its path probability does, Xiong et al. 2024, arXiv 2410.11744, Alg. 1). ``acc`` is a vector
+    (``p_{d,k} = acc[k-1]`` at every depth, Sequoia's depth-independent model) or a per-depth table
+    (``p_{d,k} = acc[d-1, k-1]``, one row per depth, at least ``tree.depth`` rows); a child beyond the row's
+    length is never accepted. A table whose rows all equal a vector gives that vector's value bitwise.
+    A chain of ``gamma`` tokens with ``acc = [alpha]`` gives Leviathan et al.'s
+    ``(1 - alpha**(gamma + 1)) / (1 - alpha)``; with ``acc = [[alpha_1], ..., [alpha_gamma]]`` it gives
+    ``1 + sum_t prod_{j <= t} alpha_j`` (:func:`theory.expected_tokens` with per-position rates).
+
+    Raises ``ValueError`` naming ``acc`` for entries outside [0, 1], a row summing above 1 or a table with
+    fewer rows than the tree's depth, and naming ``tree`` for a malformed parent array.
     """
     tree = as_tree(tree)
     return float(_node_scores(tree, acc).sum())

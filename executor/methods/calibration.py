@@ -12,6 +12,10 @@ For each continuation position ``t`` and exit layer ``l`` it returns
 * ``confidence[l, t]`` = the exit distribution's top probability at temperature 1 (Kangaroo's signal),
 * ``rank[l, t]`` = rank of the final argmax in the exit distribution (Sequoia's positional acceptance at
   temperature 0: the ``k``-th child is accepted iff the rank is ``k - 1``).
+
+:func:`depth_acceptance` estimates, from the step logs of any tree (or chain) decoding, the acceptance of the
+``k``-th child at depth ``d`` given that its parent was accepted: the per-depth table the tree methods'
+predictions read (:func:`theory.tree_expected_tokens`).
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from executor.sampling import logits_to_probs
+from theory.checks import as_count
 
 __all__ = [
+    "DepthAcceptance",
     "ExitProfile",
     "continuation",
     "default_exit_head",
+    "depth_acceptance",
     "exit_profile",
     "forward_time_ratio",
     "model_key",
@@ -194,3 +201,109 @@ def forward_time_ratio(
             part = time.perf_counter() - start
             ratios.append(part / full)
     return float(np.median(ratios))
+
+
+#: Fewest trials (steps whose accepted path reached a parent at depth ``d - 1`` that had children) for the
+#: acceptance at depth ``d`` to be estimated on its own; shallower than that, deeper depths are pooled.
+#: With 5 trials a proportion's standard error is at most 0.22, about the fall in acceptance from one depth to
+#: the next that the estimate must resolve; the a-priori loop's calibration uses the same count
+#: (``experiments.apriori.calibrate.MIN_EVENTS``). The predictions move little with it (1, 3 or 5 change the
+#: quick run's predicted tau by at most 0.22); the number of calibration steps is what limits them.
+MIN_DEPTH_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class DepthAcceptance:
+    """Acceptance by depth and sibling rank, estimated by :func:`depth_acceptance`.
+
+    Attributes
+    ----------
+    table : numpy.ndarray
+        ``(max_depth, width)``: ``table[d-1, k-1]`` = P(the ``k``-th child at depth ``d`` is the accepted one |
+        its parent was accepted), after pooling; the per-depth acceptance of :func:`theory.tree_expected_tokens`.
+    accepted, trials : numpy.ndarray
+        ``(max_depth, width)`` counts before pooling: times the ``k``-th child at depth ``d`` was accepted, and
+        times the accepted path reached a depth-``d - 1`` node with at least ``k`` children.
+    pooled_from : int
+        The first depth (1-based) whose row is pooled with every deeper one; ``max_depth + 1`` if none is.
+    """
+
+    table: np.ndarray
+    accepted: np.ndarray
+    trials: np.ndarray
+    pooled_from: int
+
+    @property
+    def by_depth(self) -> list[float]:
+        """P(some child accepted | the parent accepted and has ``width`` children), per depth: row sums."""
+        return self.table.sum(axis=1).tolist()
+
+    def details(self) -> dict:
+        """JSON-ready fields for a :class:`executor.methods.base.Prediction`."""
+        return {
+            "acceptance_table": self.table.tolist(),
+            "acceptance_trials": self.trials[:, 0].tolist(),
+            "pooled_from_depth": self.pooled_from,
+            "calibration_by_depth": self.by_depth,
+        }
+
+
+def depth_acceptance(steps, max_depth: int, width: int, *, min_samples: int = MIN_DEPTH_SAMPLES):
+    """Sequoia's positional acceptance per depth, :math:`p_{d,k}`, from step logs (:class:`executor.logs.StepLog`).
+
+    For every step and depth ``d``: if the accepted path reached its depth-``d - 1`` node ``u`` and ``u`` has
+    ``m`` children, each of its first ``min(m, width)`` children is a trial at ``(d, k)``, a success if it is
+    the accepted one. Then
+
+    .. math:: \\hat p_{d,k} = \\frac{\\#\\{k\\text{-th child at depth } d \\text{ accepted}\\}}
+                               {\\#\\{\\text{parent at depth } d-1 \\text{ accepted, with} \\ge k
+                               \\text{ children}\\}},
+
+    the conditional acceptance of depth ``d`` given the parent accepted (Chen et al., Sequoia, NeurIPS 2024,
+    arXiv 2402.12374, Def. 3.1 and App. F.1.1 for the depth). Whether the ``k``-th child is the accepted one
+    does not depend on the siblings after it (children are verified in order), so nodes with fewer children
+    give unbiased trials for the ranks they have. A chain (``width = 1``) gives the per-position conditional
+    acceptance :math:`\\alpha_d` of :func:`theory.expected_tokens`.
+
+    Fallback: depth ``d`` is estimated on its own while it and every shallower depth have at least
+    ``min_samples`` trials (at rank 1); from the first depth with fewer, that depth and every deeper one are
+    pooled into the last well-estimated depth (their counts summed with it, one row for all of them); if even
+    depth 1 has fewer, every depth is pooled (one acceptance law for all depths, the depth-independent model).
+    A rank never tried at a depth takes its estimate pooled over all depths (0 if never drafted); a row that
+    sums above 1 (possible only when ranks have different trial counts) is scaled down to 1.
+    """
+    max_depth = as_count(max_depth, "max_depth")
+    width = as_count(width, "width")
+    min_samples = as_count(min_samples, "min_samples")
+    accepted = np.zeros((max_depth, width), dtype=np.int64)
+    trials = np.zeros((max_depth, width), dtype=np.int64)
+    for index, step in enumerate(steps):
+        try:
+            parents, path = list(step.parents), list(step.accepted_path)
+        except AttributeError:
+            raise ValueError(f"steps[{index}] must be a StepLog (parents and accepted_path)") from None
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(parents[1:], start=1):
+            children.setdefault(parent, []).append(node)
+        for depth in range(1, min(len(path), max_depth) + 1):
+            kids = children.get(path[depth - 1], [])[:width]
+            if not kids:
+                break
+            trials[depth - 1, : len(kids)] += 1
+            if depth < len(path) and path[depth] in kids:
+                accepted[depth - 1, kids.index(path[depth])] += 1
+    if not trials[0, 0]:
+        raise ValueError("steps: no step drafted a child of the root; nothing to estimate acceptance from")
+    thin = np.flatnonzero(trials[:, 0] < min_samples)
+    pooled_from = int(thin[0]) + 1 if thin.size else max_depth + 1
+    start = max(pooled_from - 2, 0)  # the last well-estimated depth (0-based row) absorbs the deeper ones
+    rows_accepted, rows_trials = accepted.astype(np.float64), trials.astype(np.float64)
+    if thin.size:
+        rows_accepted[start:] = accepted[start:].sum(axis=0)
+        rows_trials[start:] = trials[start:].sum(axis=0)
+        pooled_from = start + 1
+    overall = accepted.sum(axis=0) / np.maximum(trials.sum(axis=0), 1)
+    table = np.where(rows_trials > 0, rows_accepted / np.maximum(rows_trials, 1), overall)
+    sums = table.sum(axis=1, keepdims=True)
+    table = np.where(sums > 1, table / np.maximum(sums, 1), table)
+    return DepthAcceptance(table, accepted, trials, pooled_from)

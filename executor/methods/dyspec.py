@@ -22,10 +22,15 @@ temperature > 0 the children of a node are drawn without replacement (``rrs_wor`
 ``k`` draws, ``k`` decided from ranked values that never depend on the identity of the draws it drops, which
 keeps the walk lossless (tested against the exact law).
 
-**Sequoia** (Chen et al., NeurIPS 2024, arXiv 2402.12374): the positional acceptance vector ``acc`` is
-measured on calibration prompts with a one-level tree of ``W`` children (the repository's ``test_accept``),
-and :func:`theory.optimal_tree` returns the tree maximising :math:`F(T) = \\sum_v f(v)` for the budget; the
-same vector predicts both methods' tokens per step (:func:`theory.greedy_tree` for DySpec's rule).
+**Sequoia** (Chen et al., NeurIPS 2024, arXiv 2402.12374): :func:`theory.optimal_tree` returns the tree
+maximising :math:`F(T) = \\sum_v \\prod_{e \\in \\mathrm{path}(v)} p_{\\mathrm{depth}(e), \\mathrm{rank}(e)}`
+for the budget, from the positional acceptance ``p`` measured on calibration prompts. The paper measures one
+vector with a one-level tree of ``W`` children (the repository's ``test_accept``) and uses it at every depth;
+here the measurement is extended down the tree (:func:`calibration_tree`: ``W`` children at every node of the
+first-child chain, ``max_depth`` levels) and :func:`~executor.methods.calibration.depth_acceptance` estimates
+one row per depth from its step logs, since a drafter's acceptance falls with depth (Sequoia App. F.1.1 plans
+with such a per-depth matrix). The same table predicts both methods' tokens per step
+(:func:`theory.greedy_tree` for DySpec's rule) and plans Sequoia's tree.
 """
 
 from __future__ import annotations
@@ -33,14 +38,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from executor.decoders import DraftTree, MultiDraftDecoder, TreeDecoder
+from executor.decoders import DraftTree, TreeDecoder
 from executor.decoders.base import DecodingState
 from executor.drafters import EarlyExitDrafter
 from executor.methods._common import check_exit_layer, default_exit_layer
 from executor.methods.base import Method, Prediction
+from executor.methods.calibration import DepthAcceptance, depth_acceptance
 from theory.checks import as_count
 
-__all__ = ["DySpec", "DySpecDecoder", "Sequoia", "child_acceptance"]
+__all__ = ["DySpec", "DySpecDecoder", "Sequoia", "calibration_tree", "tree_acceptance"]
 
 
 class DySpecDecoder(TreeDecoder):
@@ -149,32 +155,44 @@ class DySpecDecoder(TreeDecoder):
         return tree
 
 
-def child_acceptance(target, drafter_factory, width: int, temperature: float, prompts, max_new_tokens: int):
-    """Sequoia's positional acceptance vector, measured: ``acc[k]`` = fraction of steps of a one-level tree
-    with ``width`` children (drawn without replacement, or the top tokens at temperature 0) whose accepted
-    child is the ``k + 1``-th (Sequoia's ``tests/test_accept.py``)."""
+def calibration_tree(max_depth: int, width: int) -> list[int]:
+    """Parent array of the calibration tree: ``width`` children at the root and at every first child down to
+    ``max_depth`` levels (``1 + max_depth * width`` nodes, one draft pass per level). Every depth ``d`` then
+    tries every rank ``k <= width`` below an accepted parent: Sequoia's one-level ``test_accept`` tree
+    repeated along the first-child chain."""
+    max_depth = as_count(max_depth, "max_depth")
+    width = as_count(width, "width")
+    parents, chain = [-1], 0
+    for _ in range(max_depth):
+        first = len(parents)
+        parents += [chain] * width
+        chain = first
+    return parents
+
+
+def tree_acceptance(
+    target, drafter_factory, width: int, max_depth: int, temperature: float, prompts, max_new_tokens: int
+) -> DepthAcceptance:
+    """Positional acceptance per depth, measured: decode ``prompts`` with :func:`calibration_tree` (children
+    drawn without replacement, or the draft's top tokens at temperature 0) and estimate ``p[d, k]`` from the
+    step logs with :func:`~executor.methods.calibration.depth_acceptance`."""
     from executor.decoders import Sampling
 
-    counts = np.zeros(width)
-    steps = 0
+    steps = []
     for index, prompt in enumerate(prompts):
-        decoder = MultiDraftDecoder(
+        decoder = TreeDecoder(
             target,
             drafter_factory(),
-            n=width,
+            tree=calibration_tree(max_depth, width),
             verifier="rrs_wor",
             sampling=Sampling(temperature=temperature),
         )
         generator = torch.Generator().manual_seed(2000 + index)
-        result = decoder.generate(prompt, max_new_tokens, generator=generator)
-        for step in result.steps:
-            steps += 1
-            if len(step.accepted_path) > 1:
-                counts[step.accepted_path[1] - 1] += 1
-    return counts / max(steps, 1)
+        steps += decoder.generate(prompt, max_new_tokens, generator=generator).steps
+    return depth_acceptance(steps, max_depth, width)
 
 
-_CHILD_ACCEPTANCE: dict = {}
+_TREE_ACCEPTANCE: dict = {}
 
 
 class _TreeMethod(Method):
@@ -210,7 +228,7 @@ class _TreeMethod(Method):
             )
         self._drafter = drafter
         self._instance = None
-        self.acc: np.ndarray | None = None
+        self.acceptance: DepthAcceptance | None = None
 
     @property
     def drafter_name(self) -> str | None:
@@ -235,8 +253,9 @@ class _TreeMethod(Method):
             "max_depth": self.max_depth,
         }
 
-    def measure(self, prompts, temperature, max_new_tokens) -> np.ndarray:
-        """Sequoia's acceptance vector on ``prompts``; for a named drafter it is memoised, so ``dyspec`` and
+    def measure(self, prompts, temperature, max_new_tokens) -> DepthAcceptance:
+        """The positional acceptance per depth on ``prompts`` (:func:`tree_acceptance`, ``max_depth`` rows
+        of ``width`` ranks), kept in ``self.acceptance``; for a named drafter it is memoised, so ``dyspec`` and
         ``sequoia`` (and ``staged``, on its early exit) calibrate once per drafter, prompt set and
         temperature."""
         from executor.methods.calibration import model_key
@@ -246,20 +265,21 @@ class _TreeMethod(Method):
             self.drafter_name,
             self.exit_layer,
             self.width,
+            self.max_depth,
             float(temperature),
             tuple(tuple(p) for p in prompts),
             max_new_tokens,
         )
         named = self.drafter_name is not None
-        if named and key in _CHILD_ACCEPTANCE:
-            self.acc = _CHILD_ACCEPTANCE[key].copy()
-            return self.acc
-        self.acc = child_acceptance(
-            self.target, self.make_drafter, self.width, temperature, prompts, max_new_tokens
+        if named and key in _TREE_ACCEPTANCE:
+            self.acceptance = _TREE_ACCEPTANCE[key]
+            return self.acceptance
+        self.acceptance = tree_acceptance(
+            self.target, self.make_drafter, self.width, self.max_depth, temperature, prompts, max_new_tokens
         )
         if named:
-            _CHILD_ACCEPTANCE[key] = self.acc.copy()
-        return self.acc
+            _TREE_ACCEPTANCE[key] = self.acceptance
+        return self.acceptance
 
 
 class DySpec(_TreeMethod):
@@ -281,10 +301,11 @@ class DySpec(_TreeMethod):
     def predict(self, calibration_prompts, temperature, max_new_tokens):
         import theory
 
-        acc = self.measure(calibration_prompts, temperature, max_new_tokens)
-        solution = theory.greedy_tree(acc, self.budget, max_depth=self.max_depth)
+        acceptance = self.measure(calibration_prompts, temperature, max_new_tokens)
+        solution = theory.greedy_tree(acceptance.table, self.budget, max_depth=self.max_depth)
         return Prediction(
-            solution.expected_tokens, {"acceptance_vector": acc.tolist(), "model": "greedy_tree(acc)"}
+            solution.expected_tokens,
+            {**acceptance.details(), "model": "greedy_tree(per-depth acc)", "depth_aware": True},
         )
 
     def extra(self, decoder) -> dict:
@@ -302,9 +323,14 @@ class Sequoia(_TreeMethod):
         self.tree = None
 
     def plan(self):
+        """Sequoia's optimal tree for the measured per-depth acceptance (before any measurement: a prior
+        vector, 0.6 for the first child and 0.1 for the others, at every depth)."""
         import theory
 
-        acc = self.acc if self.acc is not None else np.array([0.6] + [0.1] * (self.width - 1))
+        if self.acceptance is not None:
+            acc = self.acceptance.table
+        else:
+            acc = np.array([0.6] + [0.1] * (self.width - 1))
         self.tree = theory.optimal_tree(acc, self.budget, max_depth=self.max_depth)
         return self.tree
 
@@ -316,13 +342,14 @@ class Sequoia(_TreeMethod):
         )
 
     def predict(self, calibration_prompts, temperature, max_new_tokens):
-        self.measure(calibration_prompts, temperature, max_new_tokens)
+        acceptance = self.measure(calibration_prompts, temperature, max_new_tokens)
         solution = self.plan()
         return Prediction(
             solution.expected_tokens,
             {
-                "acceptance_vector": self.acc.tolist(),
+                **acceptance.details(),
                 "tree": list(solution.tree.parents),
-                "model": "optimal_tree",
+                "model": "optimal_tree(per-depth acc)",
+                "depth_aware": True,
             },
         )

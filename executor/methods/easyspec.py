@@ -18,7 +18,9 @@ The chain is verified by the target as usual, so the method is lossless.
 On one CPU the groups run one after the other, so nothing is faster; what is measured is the acceptance drop
 of fuzzy drafting (against the same drafter run exactly) and the calibration cost (the multi-token exact pass
 against a one-token pass), which :func:`theory.layer_parallel_speedup` turns into the speedup on several
-devices.
+devices. Acceptance is measured per depth (:func:`~executor.methods.calibration.depth_acceptance` on the
+calibration chains): the fuzzy drafter's gives the predicted tokens per step, the exact drafter's and the
+per-depth drop the multi-device model.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from torch import nn
 
 from executor.decoders import ChainDecoder
 from executor.methods._common import check_exit_layer, default_exit_layer
-from executor.methods.base import Method, Prediction, acceptance_by_position
-from executor.methods.calibration import forward_time_ratio
+from executor.methods.base import Method, Prediction
+from executor.methods.calibration import depth_acceptance, forward_time_ratio
 from theory.checks import as_count
 
 __all__ = ["EasySpec", "LayerParallelDrafter", "layer_groups"]
@@ -174,20 +176,22 @@ class EasySpec(Method):
             for index, prompt in enumerate(calibration_prompts):
                 generator = torch.Generator().manual_seed(3000 + index)
                 steps += decoder.generate(prompt, max_new_tokens, generator=generator).steps
-            measured[fuzzy] = (acceptance_by_position(steps), drafter)
-        exact_pos, exact_drafter = measured[False]
-        fuzzy_pos, fuzzy_drafter = measured[True]
-        alpha = _conditional(exact_pos)
-        alpha_fuzzy = _conditional(fuzzy_pos)
-        first = alpha[0] if alpha else 0.0
-        drop = max(0.0, float(np.mean(alpha[1:]) - np.mean(alpha_fuzzy[1:]))) if len(alpha_fuzzy) > 1 else 0.0
-        drop = min(drop, first)
+            measured[fuzzy] = (depth_acceptance(steps, self.gamma, 1), drafter)
+        exact, exact_drafter = measured[False]
+        fuzzy, fuzzy_drafter = measured[True]
+        # Per-depth conditional acceptance of the chain (depth d given d - 1), deep depths pooled when thin.
+        alpha = exact.table[:, 0].tolist()
+        alpha_fuzzy = fuzzy.table[:, 0].tolist()
+        first = alpha[0]
+        # Drop of fuzzy drafting per depth (positions 2..gamma; fuzzy drafting is taken never to help).
+        drops = np.clip(np.subtract(alpha, alpha_fuzzy), 0.0, alpha)
+        drops[0] = 0.0
         one_token = np.median(exact_drafter.draft_passes) if exact_drafter.draft_passes else np.nan
         calibration = [t for n, t in fuzzy_drafter.calibration_passes if n > 1]
         overhead = max(0.0, float(np.median(calibration) / one_token - 1)) if calibration else 0.0
-        predicted_tau = float(
-            theory.expected_tokens([first] + [max(first - drop, 0.0)] * (self.gamma - 1), self.gamma)
-        )
+        # The fuzzy drafter is what runs: its measured acceptance per depth gives tau (Leviathan et al.'s
+        # chain with per-position rates); the exact drafter's and the drops feed the multi-device model.
+        predicted_tau = float(theory.expected_tokens(alpha_fuzzy, self.gamma))
         head = forward_time_ratio(self.target, 0)
         full = 1.0
         layer_time = max((full - head) / self.target.config.n_layers, 1e-6)
@@ -200,8 +204,8 @@ class EasySpec(Method):
         devices = {}
         for count in (1, 2, 4, 8):
             result = theory.layer_parallel_speedup(
-                first,
-                drop,
+                alpha,
+                drops,
                 self.gamma,
                 self.exit_layer,
                 count,
@@ -217,10 +221,13 @@ class EasySpec(Method):
         return Prediction(
             predicted_tau,
             {
+                **fuzzy.details(),
+                "model": "expected_tokens(per-depth alpha of the fuzzy drafter)",
+                "depth_aware": True,
                 "alpha_exact": first,
                 "alpha_exact_by_position": alpha,
                 "alpha_fuzzy_by_position": alpha_fuzzy,
-                "alpha_drop": drop,
+                "alpha_drop_by_position": drops.tolist(),
                 "calibration_overhead": overhead,
                 "attention_fraction": attention,
                 "predicted_by_devices": devices,
@@ -234,12 +241,3 @@ class EasySpec(Method):
             if drafter.calibration_passes
             else 0.0
         }
-
-
-def _conditional(by_position: list[float]) -> list[float]:
-    """Conditional acceptance per position from reach fractions: a_j = r_j / r_{j-1} (r_0 = 1)."""
-    out, previous = [], 1.0
-    for reach in by_position:
-        out.append(reach / previous if previous > 0 else 0.0)
-        previous = reach
-    return out

@@ -1,7 +1,7 @@
 """Staged speculative decoding (Spector & Ré, ES-FoMo @ ICML 2023, arXiv 2308.04623).
 
 Two ideas: (a) the draft proposes a *tree* of continuations verified by the target in one pass (here the same
-static tree as Sequoia's optimal tree for the measured acceptance vector, so the single-stage comparison is the
+static tree as Sequoia's optimal tree for the measured per-depth acceptance, so the single-stage comparison is the
 ``sequoia`` method with the same tree); (b) the draft itself is sped up by a second speculative stage: a much
 cheaper *draft²* (the paper: a Katz-backoff trigram model fit on the draft's outputs) proposes the draft's own
 tokens and the draft verifies them in one pass.
@@ -206,7 +206,9 @@ class Staged(Sequoia):
         texts = [p + continuation(self.target, p, max_new_tokens, 0.0, seed=0) for p in calibration_prompts]
         self.draft2.fit(texts)
         prediction = super().predict(calibration_prompts, temperature, max_new_tokens)
-        prediction.details["model"] = "optimal_tree (outer tree; draft² changes draft passes, not tokens)"
+        prediction.details["model"] = (
+            "optimal_tree(per-depth acc) (outer tree; draft² changes draft passes, not tokens)"
+        )
         return prediction
 
     def extra(self, decoder) -> dict:

@@ -243,23 +243,106 @@ def test_wrong_token_study_groups_positions_and_a_wrong_start_never_matches(tiny
     )
 
 
-def test_tree_methods_measure_the_acceptance_vector_once_per_prompts_and_temperature(tiny_model, monkeypatch):
+def test_tree_methods_measure_the_acceptance_table_once_per_prompts_and_temperature(tiny_model, monkeypatch):
     import executor.methods.dyspec as dyspec_module
     from executor.methods import DySpec, Sequoia
 
     model = spread_model(tiny_model, seed=11)
     calls = []
-    measured = dyspec_module.child_acceptance
-    monkeypatch.setattr(dyspec_module, "_CHILD_ACCEPTANCE", {})
+    measured = dyspec_module.tree_acceptance
+    monkeypatch.setattr(dyspec_module, "_TREE_ACCEPTANCE", {})
     monkeypatch.setattr(
-        dyspec_module, "child_acceptance", lambda *args: calls.append(args[3]) or measured(*args)
+        dyspec_module, "tree_acceptance", lambda *args: calls.append(args[4]) or measured(*args)
     )
     options = {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2}
     prompts = [[3, 1, 4, 1, 5]]
     first = DySpec(model, **options).measure(prompts, 0.0, 6)
     second = Sequoia(model, **options).measure(prompts, 0.0, 6)
     Staged(model, **options).measure(prompts, 1.0, 6)
-    assert calls == [0.0, 1.0] and np.array_equal(first, second)
+    assert calls == [0.0, 1.0] and np.array_equal(first.table, second.table)
+    assert first.table.shape == (3, 2)
     # A drafter passed in is measured every time (its identity is not part of the key).
     DySpec(model, **options, drafter=lambda: EarlyExitDrafter(model, 1)).measure(prompts, 0.0, 6)
     assert calls == [0.0, 1.0, 0.0]
+
+
+def test_the_calibration_tree_puts_width_children_under_every_first_child():
+    from executor.methods.dyspec import calibration_tree
+
+    assert calibration_tree(3, 2) == [-1, 0, 0, 1, 1, 3, 3]
+    tree = theory.Tree(calibration_tree(4, 3))
+    assert tree.size == 13 and tree.depth == 4 and tree.level_sizes().tolist() == [1, 3, 3, 3, 3]
+    with pytest.raises(ValueError, match="width"):
+        calibration_tree(2, 0)
+
+
+#: Acceptance that falls with depth: the first child at depth 1 is accepted half the time, at depth 3 never.
+FALLING = np.array([[0.5, 0.2], [0.3, 0.1], [0.0, 0.0]])
+
+
+def fake_measurement(monkeypatch):
+    """Replace the tree methods' measurement with the FALLING table (no model run)."""
+    import executor.methods.dyspec as dyspec_module
+    from executor.methods.calibration import DepthAcceptance
+
+    fake = DepthAcceptance(FALLING.copy(), np.zeros((3, 2), int), np.full((3, 2), 10), 4)
+    monkeypatch.setattr(dyspec_module, "_TREE_ACCEPTANCE", {})
+    monkeypatch.setattr(dyspec_module, "tree_acceptance", lambda *args: fake)
+
+
+@pytest.mark.parametrize("name", ["dyspec", "sequoia", "staged"])
+def test_tree_methods_predict_from_the_per_depth_table(tiny_model, monkeypatch, name):
+    import executor.methods as methods
+
+    fake_measurement(monkeypatch)
+    model = spread_model(tiny_model, seed=11)
+    method = methods.get(name)(model, exit_layer=1, budget=6, max_depth=3, width=2)
+    if name == "staged":
+        monkeypatch.setattr(method.draft2, "fit", lambda texts: None)
+        monkeypatch.setattr("executor.methods.calibration.continuation", lambda *args, **kw: [1, 2])
+    prediction = method.predict([[3, 1, 4, 1, 5]], 0.0, 6)
+    planner = theory.greedy_tree if name == "dyspec" else theory.optimal_tree
+    expected = planner(FALLING, 6, max_depth=3)
+    blind = planner(FALLING[0], 6, max_depth=3)  # the single-law prediction the table replaces
+    assert prediction.predicted_tau == pytest.approx(expected.expected_tokens, abs=1e-12)
+    assert abs(prediction.predicted_tau - blind.expected_tokens) > 0.05
+    assert prediction.details["acceptance_table"] == FALLING.tolist() and prediction.details["depth_aware"]
+    if name != "dyspec":  # Sequoia (and staged's outer tree) is planned with the table too
+        assert method.tree.tree == expected.tree and prediction.details["tree"] == list(expected.tree.parents)
+
+
+def test_tree_methods_predict_on_a_tiny_model_from_the_measured_table(tiny_model, monkeypatch):
+    import executor.methods.dyspec as dyspec_module
+    from executor.methods import DySpec
+
+    monkeypatch.setattr(dyspec_module, "_TREE_ACCEPTANCE", {})
+    model = spread_model(tiny_model, seed=11)
+    prediction = DySpec(model, exit_layer=1, budget=5, max_depth=3, width=2).predict(
+        [[3, 1, 4, 1, 5]], 1.0, 8
+    )
+    table = np.array(prediction.details["acceptance_table"])
+    assert table.shape == (3, 2) and np.all(table.sum(axis=1) <= 1 + 1e-12)
+    assert prediction.details["acceptance_trials"][0] >= 1
+    assert prediction.predicted_tau == pytest.approx(
+        theory.greedy_tree(table, 5, max_depth=3).expected_tokens
+    )
+
+
+def test_easyspec_predicts_tau_from_the_fuzzy_drafters_acceptance_per_depth(tiny_model):
+    from executor.methods import EasySpec
+
+    model = spread_model(tiny_model, seed=11)
+    method = EasySpec(model, exit_layer=3, gamma=2, group_size=2, exact_layers=0)
+    prediction = method.predict([[3, 1, 4, 1, 5], [2, 7, 1, 6]], 0.0, 8)
+    alphas = prediction.details["alpha_fuzzy_by_position"]
+    assert len(alphas) == 2 and prediction.details["depth_aware"]
+    assert [row[0] for row in prediction.details["acceptance_table"]] == alphas
+    assert prediction.predicted_tau == pytest.approx(theory.expected_tokens(alphas, 2), abs=1e-12)
+    # The multi-device model reads the exact drafter's acceptance and the drop per depth.
+    exact, drops = prediction.details["alpha_exact_by_position"], prediction.details["alpha_drop_by_position"]
+    assert len(drops) == 2 and drops[0] == 0.0 and drops[1] == max(0.0, exact[1] - alphas[1])
+    one_device = prediction.details["predicted_by_devices"][1]
+    expected = theory.expected_tokens([exact[0], exact[1] - drops[1]], 2)
+    assert one_device["speedup"] > 0 and expected == pytest.approx(
+        theory.layer_parallel_speedup(exact, drops, 2, 3, 1, layer_time=0.1, target_time=1.0).tokens_per_step
+    )

@@ -106,6 +106,25 @@ def test_a_far_prediction_with_acceptance_falling_with_depth_names_that_assumpti
     assert "acceptance falls with depth" in check and "0.80, 0.25, 0.50" in check and "optimal_tree" in check
 
 
+def test_a_far_depth_aware_prediction_blames_the_transfer_not_the_depth():
+    # The model already reads one acceptance per depth: falling acceptance is no longer the explanation.
+    prediction = {
+        "model": "optimal_tree(per-depth acc)",
+        "depth_aware": True,
+        "calibration_by_depth": [0.9, 0.6],
+    }
+    record = unit(predicted=3.0, step_tokens=[2, 2, 2, 3], wall=1, ar_wall=1, prediction=prediction)
+    record["prompts"][0]["acceptance_by_position"] = [0.8, 0.2, 0.1]
+    check = summarise_unit(record)["prediction_check"]
+    assert "acceptance falls with depth" not in check
+    assert "per-depth acceptance measured on the calibration prompts" in check
+    assert "0.90, 0.60" in check and "0.80, 0.25, 0.50" in check and "pooled" not in check
+    # Thin calibration depths pooled into one estimate are named, with the trials that made them thin.
+    record["prediction"] = {**prediction, "pooled_from_depth": 2, "acceptance_trials": [9, 3]}
+    check = summarise_unit(record)["prediction_check"]
+    assert "depths 2 and deeper pooled into one estimate (calibration trials per depth: 9, 3)" in check
+
+
 def test_conditional_acceptance_by_depth_divides_consecutive_reach_fractions():
     from experiments.methods_report import conditional_by_depth
 

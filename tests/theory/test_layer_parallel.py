@@ -92,6 +92,39 @@ def test_costly_synchronisation_means_it_never_pays():
     assert break_even_alpha_drop(0.8, 5, 24, 4, **costs) == 0.0
 
 
+@given(fractions, st.floats(0.0, 1.0), st.integers(0, 8), st.integers(1, 8))
+def test_a_constant_per_position_acceptance_gives_the_scalar_model_bitwise(alpha, share, gamma, devices):
+    drop = alpha * share
+    costs = {"layer_time": 1.0, "target_time": 40.0, "sync_time": 0.1, "calibration_overhead": 0.2}
+    scalar = layer_parallel_speedup(alpha, drop, gamma, 12, devices, **costs)
+    vector = layer_parallel_speedup([alpha] * (gamma + 2), [drop] * (gamma + 2), gamma, 12, devices, **costs)
+    assert vector == scalar
+
+
+def test_per_position_acceptance_hand_value():
+    # Exact drafter 0.8, 0.5, 0.4 by depth; fuzzy drops 0.1, 0.1 at positions 2 and 3 (position 1's unused).
+    result = layer_parallel_speedup(
+        [0.8, 0.5, 0.4], [0.3, 0.1, 0.1], 3, 8, 2, layer_time=1.0, target_time=100.0
+    )
+    assert result.tokens_per_step == pytest.approx(1 + 0.8 + 0.8 * 0.4 + 0.8 * 0.4 * 0.3)
+    assert result.sequential_tokens_per_step == pytest.approx(1 + 0.8 + 0.8 * 0.5 + 0.8 * 0.5 * 0.4)
+    assert result.speedup == pytest.approx(result.tokens_per_step * 100 / 116)
+
+
+@given(st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3), st.integers(1, 8), st.floats(0, 2.0))
+def test_break_even_drop_with_per_position_acceptance_separates_paying_and_losing_drops(
+    alphas, devices, sync
+):
+    costs = {"layer_time": 1.0, "target_time": 30.0, "sync_time": sync}
+    drop = break_even_alpha_drop(alphas, 3, 24, devices, **costs)
+    assert 0.0 <= drop <= min(alphas[1:])
+    if 0.0 < drop < min(alphas[1:]):
+        assert layer_parallel_speedup(alphas, drop * 0.99, 3, 24, devices, **costs).pays_off
+        assert not layer_parallel_speedup(
+            alphas, min(drop * 1.01 + 1e-9, min(alphas[1:])), 3, 24, devices, **costs
+        ).pays_off
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -105,6 +138,15 @@ def test_costly_synchronisation_means_it_never_pays():
         (lambda: layer_parallel_speedup(1.2, 0.0, 3, 8, 2, layer_time=1, target_time=10), "alpha"),
         (lambda: layer_parallel_speedup(0.5, 0.6, 3, 8, 2, layer_time=1, target_time=10), "alpha_drop"),
         (lambda: layer_parallel_speedup(0.5, 0.1, -1, 8, 2, layer_time=1, target_time=10), "gamma"),
+        (lambda: layer_parallel_speedup([0.5, 0.4], 0.1, 3, 8, 2, layer_time=1, target_time=10), "alpha"),
+        (
+            lambda: layer_parallel_speedup([0.5, 0.4, 0.1], 0.2, 3, 8, 2, layer_time=1, target_time=10),
+            "alpha_drop .* position 3",
+        ),
+        (
+            lambda: layer_parallel_speedup(0.5, [0.1, 0.1], 3, 8, 2, layer_time=1, target_time=10),
+            "alpha_drop",
+        ),
         (lambda: layer_parallel_speedup(0.5, 0.1, 3, 8, 2, layer_time=1, target_time=0), "target_time"),
         (
             lambda: layer_parallel_speedup(

@@ -54,6 +54,25 @@ def test_greedy_tree_is_optimal_on_per_depth_acceptance_decaying_along_paths(acc
     assert greedy_tree(acc, budget).expected_tokens == pytest.approx(optimal, abs=1e-10)
 
 
+@given(acceptance_vectors(max_width=4), st.integers(1, 30), st.integers(1, 5))
+def test_greedy_tree_with_a_depth_independent_table_is_the_vectors_tree(acc, budget, rows):
+    # The depth-aware heap reads row d at depth d; equal rows give the same scores, hence the same tree.
+    by_table = greedy_tree(np.tile(acc, (rows, 1)), budget)
+    by_vector = greedy_tree(acc, budget, max_depth=rows)
+    assert by_table.tree == by_vector.tree
+    assert by_table.expected_tokens == by_vector.expected_tokens
+
+
+def test_greedy_tree_follows_acceptance_that_falls_with_depth():
+    # Depth 1 accepts its first child with 0.9, depth 2 never: a chain is worthless below depth 1, so the
+    # 4 nodes go to the root's children (1 + 0.9 + 0.05 + 0.03), where the depth-blind vector grows a chain.
+    table = np.array([[0.9, 0.05, 0.03], [0.0, 0.0, 0.0]])
+    solution = greedy_tree(table, 4)
+    assert solution.tree == Tree.star(3)
+    assert solution.expected_tokens == pytest.approx(1.98)
+    assert greedy_tree(table[0], 4, max_depth=2).tree != Tree.star(3)
+
+
 # --------------------------------------------------------------------------------------------------------
 # DySpec's dynamic tree
 # --------------------------------------------------------------------------------------------------------

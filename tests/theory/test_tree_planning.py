@@ -221,6 +221,17 @@ def test_plan_tree_with_per_depth_acceptance_scores_the_optimal_trees(acc, max_b
         assert candidate.step_time == pytest.approx(1.0 + 0.1 * candidate.size + candidate.depth * draft_time)
 
 
+@given(acceptance_vectors(max_width=3), st.integers(1, 10), st.floats(0, 1), st.integers(1, 4))
+def test_plan_tree_with_a_depth_independent_table_plans_like_the_vector(acc, max_budget, draft_time, rows):
+    def verify(n):
+        return 1.0 + 0.1 * n
+
+    by_table = plan_tree(np.tile(acc, (rows, 1)), verify, draft_time, max_budget=max_budget, max_depth=rows)
+    by_vector = plan_tree(acc, verify, draft_time, max_budget=max_budget, max_depth=rows)
+    assert by_table.speedup == pytest.approx(by_vector.speedup, rel=1e-12)
+    assert by_table.expected_tokens == pytest.approx(by_vector.expected_tokens, rel=1e-12)
+
+
 def test_conventions_differ_by_one_draft_pass():
     drafted = plan_tree([0.6, 0.2], {1: 1.0, 8: 1.2}, 0.1, max_budget=8, max_depth=4)
     repo = plan_tree([0.6, 0.2], {1: 1.0, 8: 1.2}, 0.1, max_budget=8, max_depth=4, convention="sequoia-repo")

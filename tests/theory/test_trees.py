@@ -389,3 +389,132 @@ def test_optimal_tree_is_limited_by_the_feasible_size():
     solution = optimal_tree([0.5, 0.3], 50, max_depth=2)  # width 2, depth 2: at most 7 nodes
     assert solution.tree.size == 7
     assert solution.expected_tokens == pytest.approx(1 + 0.8 + 0.8 * 0.8)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Acceptance that depends on the depth: a table p[d-1, k-1] for the k-th child at depth d
+# --------------------------------------------------------------------------------------------------------
+
+
+def outcome_oracle(parents, table):
+    """Expected tokens by enumerating the verification itself, independent of the path-product formula.
+
+    Every node with children independently *picks* its accepted child: the k-th with probability p(d, k)
+    (d the children's depth), none with the rest; the walk starts at the root and follows the picks until a
+    node picked none or is a leaf. Sum over every joint outcome of its probability times (depth reached + 1).
+    ``table`` is a vector (the same row at every depth) or a per-depth matrix.
+    """
+    table = np.asarray(table, dtype=float)
+    children = [[] for _ in parents]
+    depth = [0] * len(parents)
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+        depth[node] = depth[parent] + 1
+    inner = [node for node in range(len(parents)) if children[node]]
+    laws = []
+    for node in inner:
+        row = table[depth[node]] if table.ndim == 2 else table
+        picks = [row[k] if k < row.size else 0.0 for k in range(len(children[node]))]
+        laws.append([1.0 - sum(picks), *picks])  # outcome 0: no child accepted
+    total = 0.0
+    for outcome in itertools.product(*[range(len(law)) for law in laws]):
+        probability = math.prod(law[o] for law, o in zip(laws, outcome, strict=True))
+        pick = dict(zip(inner, outcome, strict=True))
+        node = 0
+        while pick.get(node, 0) > 0:
+            node = children[node][pick[node] - 1]
+        total += probability * (depth[node] + 1)
+    return total
+
+
+def depth_blind_expected_tokens(tree, table):
+    """A deliberately broken variant: reads the first row of the table at every depth."""
+    return tree_expected_tokens(tree, np.asarray(table)[0])
+
+
+def table_mismatches(function, tables, max_size=6):
+    """Trees (every ordered tree up to ``max_size`` nodes) and tables where ``function`` misses the oracle."""
+    misses = []
+    for parents in all_parent_arrays(max_size):
+        tree = Tree(parents)
+        for table in tables:
+            if tree.depth > table.shape[0]:
+                continue
+            if abs(function(tree, table) - outcome_oracle(parents, table)) > 1e-12:
+                misses.append((parents, table))
+    return misses
+
+
+def random_tables(rng, count, rows=5, width=3):
+    """Per-depth tables with rows that differ (row sums below 1, the rest is 'none accepted')."""
+    tables = []
+    for _ in range(count):
+        weights = rng.random((rows, width + 1))  # the extra column is the 'none' share
+        tables.append((weights / weights.sum(axis=1, keepdims=True))[:, :width])
+    return tables
+
+
+def test_expected_tokens_with_a_depth_rank_table_equals_the_enumeration_of_outcomes():
+    # Exact oracle on every ordered tree of at most 6 nodes and 20 random tables (depth up to 5, width 3):
+    # the function under test matches to 1e-12 everywhere; the depth-blind variant is caught.
+    tables = random_tables(np.random.default_rng(20261123), 20)
+    assert table_mismatches(tree_expected_tokens, tables) == []
+    # Negative control: a variant that ignores the depth misses the oracle on every tree with a reachable
+    # node below depth 1 (one whose path has ranks within the table's width).
+    misses = table_mismatches(depth_blind_expected_tokens, tables)
+    deep = sum(
+        any(len(path) > 1 and max(k for _, k in path) <= 3 for path in oracle_paths(parents))
+        for parents in all_parent_arrays(6)
+    )
+    assert deep > 0 and len(misses) == deep * len(tables)
+
+
+def test_the_outcome_oracle_agrees_with_hand_computed_values():
+    # Chain of 2 with alpha_1 = 0.5, alpha_2 = 0.2: 1 + 0.5 + 0.5 * 0.2.
+    assert outcome_oracle([-1, 0, 1], [[0.5], [0.2]]) == pytest.approx(1.6, abs=1e-15)
+    # Root with 2 children, the first with one child: 1 + 0.6 + 0.3 + 0.6 * 0.1.
+    table = [[0.6, 0.3], [0.1, 0.0]]
+    assert outcome_oracle([-1, 0, 0, 1], table) == pytest.approx(1.96, abs=1e-15)
+    assert tree_expected_tokens(Tree([-1, 0, 0, 1]), table) == pytest.approx(1.96, abs=1e-15)
+
+
+@given(trees(max_size=12), acceptance_vectors(max_width=5))
+def test_a_depth_independent_table_gives_the_vector_value_bitwise(tree, acc):
+    table = np.tile(acc, (max(tree.depth, 1), 1))
+    assert tree_expected_tokens(tree, table) == tree_expected_tokens(tree, acc)
+    np.testing.assert_array_equal(tree_token_distribution(tree, table), tree_token_distribution(tree, acc))
+
+
+@given(trees(max_size=12), st.data())
+def test_expected_tokens_is_monotone_in_every_table_entry(tree, data):
+    table = data.draw(acceptance_vectors(max_width=4, rows=max(tree.depth, 1)))
+    row = data.draw(st.integers(0, table.shape[0] - 1))
+    column = data.draw(st.integers(0, table.shape[1] - 1))
+    room = max(0.0, 1.0 - table[row].sum())  # raising one entry keeps the row a sub-probability
+    raised = table.copy()
+    raised[row, column] += data.draw(st.floats(0, 1)) * room
+    assert tree_expected_tokens(tree, raised) >= tree_expected_tokens(tree, table) - 1e-12
+
+
+@given(trees(max_size=10), st.data())
+def test_adding_a_node_never_lowers_expected_tokens_under_a_depth_rank_table(tree, data):
+    table = data.draw(acceptance_vectors(max_width=4, rows=tree.depth + 1))
+    parent = data.draw(st.integers(0, tree.size - 1))
+    bigger = Tree([*tree.parents.tolist(), parent])
+    assert tree_expected_tokens(bigger, table) >= tree_expected_tokens(tree, table) - 1e-12
+
+
+@given(acceptance_vectors(max_width=4), st.integers(1, 30), st.integers(1, 5))
+def test_optimal_tree_with_a_depth_independent_table_equals_the_vector_with_that_depth_limit(
+    acc, budget, rows
+):
+    table = np.tile(acc, (rows, 1))
+    by_table = optimal_tree(table, budget)
+    by_vector = optimal_tree(acc, budget, max_depth=rows)
+    assert by_table.expected_tokens == pytest.approx(by_vector.expected_tokens, abs=1e-12)
+    assert tree_expected_tokens(by_table.tree, acc) == pytest.approx(by_vector.expected_tokens, abs=1e-12)
+
+
+def test_a_table_with_too_few_rows_is_a_value_error_naming_acc():
+    with pytest.raises(ValueError, match="acc: .* 2 rows .* depth 3"):
+        tree_expected_tokens(Tree.chain(3), [[0.5], [0.5]])
