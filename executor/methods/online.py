@@ -244,7 +244,13 @@ class OnlineSpeculative(Method):
             return Prediction(None, {"served": self.served})
         alphas = conditional_acceptance(runs, self.gamma)
         tau = float(theory.expected_tokens(alphas, self.gamma, per_position=True))
-        details = {"acceptance_vector": alphas, "served": self.served, "model": "expected_tokens(alphas)"}
+        details = {
+            "acceptance_vector": alphas,
+            "calibration_by_depth": alphas,
+            "depth_aware": True,
+            "served": self.served,
+            "model": "expected_tokens(alphas)",
+        }
         return Prediction(tau, details, train_seconds=update_seconds)
 
 

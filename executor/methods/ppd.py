@@ -469,6 +469,8 @@ class PPD(Method):
         cost = forward_time_ratio(self.target, None, tokens=width)
         details = {
             "acceptance_vector": alphas,
+            "calibration_by_depth": alphas,
+            "depth_aware": True,
             "step_width": width,
             "step_cost_vs_one_token": cost,
             "predicted_speedup": tau / cost if cost else math.nan,
