@@ -56,7 +56,9 @@ MAX_CLASS_TOKENS = 14
 TOLERANCE = 1e-15
 MAX_ITERATIONS, MAX_HALVINGS = 100, 40
 #: HiGHS without presolve: its presolve declared a real pair's class (set masses from 1e-91 to 0.3) infeasible.
-LP_OPTIONS = {"presolve": False}
+#: Feasibility tolerances 1e-10 (default 1e-7, in units of the class mass): at 1e-7 a token with p = 5.6e-8 got
+#: the target 1e-9, which the race could not reach (shortfall 1e-3); at 1e-10 its target is p and the shortfall 0.
+LP_OPTIONS = {"presolve": False, "primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
 
 
 class OptimalVerifierWor(OptimalVerifier):

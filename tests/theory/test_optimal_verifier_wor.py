@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.theory.test_optimal_verifier import degenerate_pairs, perturbed
@@ -61,7 +61,18 @@ def test_output_law_equals_target_by_enumeration(case):
     np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
 
 
+# A token with p = 5.6e-8 sat under HiGHS's default feasibility tolerance: its target was 1e-9, shortfall 1e-3.
+TINY_TARGET_TOKEN = (
+    np.array([5.60984861e-08, 0.0, 0.0, 9.41176418e-01, 5.88235261e-02, 0.0]),
+    np.array(
+        [1.69379978e-07, 2.09753408e-05, 4.62012627e-01, 4.70609184e-01, 2.94327384e-02, 3.79243058e-02]
+    ),
+    3,
+)
+
+
 @given(cases())
+@example(TINY_TARGET_TOKEN)
 def test_acceptance_reaches_the_without_replacement_optimum(case):
     p, q, n = case
     v = optimal_verifier_wor(p, q, n)
