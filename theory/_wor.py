@@ -218,7 +218,10 @@ def wor_prefix_minimiser(
     head[candidates[:, :n] & ~dusty[:, None]] = 0.0  # with dust, Q > 0 below n tokens
     needed = candidates & (suffix > 0)
     needed[~dusty, :n] = False
-    for row in np.flatnonzero(needed.any(axis=1)):
+    # Rows with at most PREFIX_BATCH reads are settled by the first round, which evaluates them all: together.
+    few = np.count_nonzero(needed, axis=1) <= PREFIX_BATCH
+    evaluate_rows(inclusion, needed & few[:, None], q_sorted, suffix, n, dust)
+    for row in np.flatnonzero(needed.any(axis=1) & ~few):
         _branch_and_bound(
             inclusion[row],
             np.flatnonzero(needed[row]),
@@ -230,6 +233,9 @@ def wor_prefix_minimiser(
             float(dust[row]),
         )
     return inclusion
+
+
+from theory._wor_rows import evaluate_rows  # noqa: E402  (it reads this module's helpers)
 
 
 def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound, dust) -> None:

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.theory.test_multidraft import TOL, brute_force, law_of, positive_support
@@ -241,17 +241,19 @@ def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
 # The batched branch and bound against the former one-row-per-call version
 
 
-def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound):
-    """The former per-row ``wor_prefix_minimiser`` (one Python call per row), kept here as the oracle."""
+def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0):
+    """The former per-row ``wor_prefix_minimiser`` (one Python call per row, each row's branch and bound on its
+    own :class:`_PrefixInclusion`), kept here as the oracle."""
     inclusion = np.full(suffix.shape, np.nan)
     inclusion[candidates & (suffix <= 0)] = 1.0
-    inclusion[:n][candidates[:n]] = 0.0
     needed = candidates & (suffix > 0)
-    needed[:n] = False
+    if dust == 0:
+        inclusion[:n][candidates[:n]] = 0.0
+        needed[:n] = False
     reads = np.flatnonzero(needed)
     if reads.size == 0:
         return inclusion
-    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads)
+    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
     evaluated = np.zeros(reads.size, dtype=bool)
     undecided = np.ones(reads.size, dtype=bool)
     chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, 64).astype(np.int64), reads.size - 1])
@@ -274,9 +276,11 @@ def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bo
 @st.composite
 def minimiser_batches(draw):
     """Batches of rows in ratio order with degenerate rows mixed in: zero-mass tokens, a token holding almost
-    all the mass, a complement mass that reaches 0 before the end, no candidates, every candidate, tiny V."""
+    all the mass, a complement mass that reaches 0 before the end, no candidates, every candidate, tiny V, rows
+    with Poisson dust or without, rows with more candidates than PREFIX_BATCH (the per-row branch and bound) and
+    with fewer (evaluated together)."""
     seed = draw(st.integers(0, 2**32 - 1))
-    rows, vocab, n = draw(st.integers(1, 6)), draw(st.integers(1, 60)), draw(st.integers(2, 8))
+    rows, vocab, n = draw(st.integers(1, 6)), draw(st.integers(1, 150)), draw(st.integers(2, 8))
     rng = np.random.default_rng(seed)
     q = rng.dirichlet(np.full(vocab, draw(st.sampled_from([0.05, 0.5, 3.0]))), size=rows)
     kind = draw(
@@ -301,21 +305,25 @@ def minimiser_batches(draw):
     share = draw(st.sampled_from([0.0, 0.3, 1.0]))
     candidates = rng.random((rows, vocab + 1)) < share
     bound = np.minimum(1.0, (1.0 - suffix) * rng.uniform(0.0, 1.5, size=(rows, vocab + 1)))
-    return target, q, suffix, n, candidates, bound
+    dust = np.where(rng.random(rows) < draw(st.sampled_from([0.0, 0.5, 1.0])), rng.uniform(0, 0.5, rows), 0.0)
+    q *= 1.0 - dust[:, None]
+    suffix *= 1.0 - dust[:, None]
+    return target, q, suffix, n, candidates, bound, dust
 
 
+@settings(max_examples=300)
 @given(minimiser_batches())
 def test_batched_minimiser_equals_the_one_row_version_bit_for_bit(batch):
-    target, q, suffix, n, candidates, bound = batch
-    batched = wor_prefix_minimiser(target, q, suffix, n, candidates, bound)
+    target, q, suffix, n, candidates, bound, dust = batch
+    batched = wor_prefix_minimiser(target, q, suffix, n, candidates, bound, dust)
     expected = np.stack(
         [
-            one_row_minimiser(*row, n, c, b)
-            for *row, c, b in zip(target, q, suffix, candidates, bound, strict=True)
+            one_row_minimiser(*row, n, c, b, r)
+            for *row, c, b, r in zip(target, q, suffix, candidates, bound, dust, strict=True)
         ]
     )
     np.testing.assert_array_equal(batched, expected)  # NaN in the same places, every value identical
-    single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0])
+    single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0], dust[0])
     np.testing.assert_array_equal(single, expected[0])
 
 
