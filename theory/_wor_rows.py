@@ -39,12 +39,17 @@ def evaluate_rows(inclusion, needed, q_sorted, suffix, n: int, dust) -> None:
     if rows.size == 0:
         return
     last = (needed.shape[1] - 1) - np.argmax(needed[rows, ::-1], axis=1)  # each row's last needed prefix
-    longest_grid = _wor._log_grid(n, float(suffix[rows][needed[rows]].min()))[0].size
-    per_row = (int(last.max()) + 2) * longest_grid * n
-    step = max(1, BATCH_ELEMENTS // per_row)
-    for start in range(0, rows.size, step):
-        block = rows[start : start + step]
+    order = np.argsort(last, kind="stable")  # rows of similar length together: less padding
+    rows, last = rows[order], last[order]
+    per_token = _wor._log_grid(n, float(suffix[rows][needed[rows]].min()))[0].size * n
+    start = 0
+    while start < rows.size:
+        stop = start + 1
+        while stop < rows.size and (stop + 1 - start) * (int(last[stop]) + 2) * per_token <= BATCH_ELEMENTS:
+            stop += 1
+        block = rows[start:stop]
         _Rows(q_sorted[block], suffix[block], n, needed[block], dust[block]).fill(inclusion, block)
+        start = stop
 
 
 class _Rows:
@@ -72,15 +77,18 @@ class _Rows:
             if first >= n:
                 nth_largest = np.partition(q[b, :first], first - n)[first - n]
                 usable[b] = np.searchsorted(self.grid[b, : self.sizes[b]] * nth_largest, threshold, "right")
-        # The index of the n-th token sure by each usable point (a token not sure at a row's last usable point
-        # is sure at none before it, so counting every token is counting the one-row version's "capable" ones).
+        # The index of the n-th token sure by each usable point. A token not sure at a row's last usable point
+        # is sure at none before it, so counting the tokens "capable" in any row counts the one-row version's.
         columns = int(usable.max())
-        sure_count = np.cumsum(q[:, :, None] * self.grid[:, None, :columns] > threshold, axis=1)  # (B, K, M)
-        reaches = sure_count[:, -1, :] >= n if tokens else np.zeros((rows, columns), dtype=bool)
+        last_usable = self.grid[np.arange(rows), np.maximum(usable - 1, 0)]
+        capable = np.flatnonzero(np.any(q * last_usable[:, None] > threshold, axis=0))
+        sure_count = np.cumsum(q[:, capable, None] * self.grid[:, None, :columns] > threshold, axis=1)
         nth_sure = np.full((rows, size), -1)
-        nth_sure[:, :columns] = np.where(
-            reaches, np.argmax(sure_count >= n, axis=1) if tokens else 0, ends[:, None]
-        )
+        nth_sure[:, :columns] = ends[:, None]
+        if capable.size:
+            reaches = sure_count[:, -1, :] >= n
+            first_n = capable[np.argmax(sure_count >= n, axis=1)]
+            nth_sure[:, :columns] = np.where(reaches, first_n, ends[:, None])
         nth_sure[np.arange(size) >= usable[:, None]] = -1
         reads_before = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(needed, axis=1)], axis=1)
         latest = np.take_along_axis(reads_before, nth_sure + 1, axis=1) - 1  # largest read k <= n-th sure
