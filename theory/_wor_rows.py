@@ -107,25 +107,29 @@ class _Rows:
         scale = np.where(self.points > 0, t[np.arange(rows), np.maximum(self.points - 1, 0)], 1.0)
         self.scale = scale
 
-        # Large-clock tokens, moved to the front of each row in token order: the prefix recursion.
+        # Large-clock tokens, moved to the front of each row in token order: the prefix recursion. Token-major
+        # layout (J, ..., B, M'): a step along the tokens is one vector operation over every row and grid point.
         large = q * scale[:, None] > _wor.SMALL_CLOCK
         self.large_before = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(large, axis=1)], 1)
         count = int(self.large_before[:, -1].max())
         order = np.argsort(~large, axis=1, kind="stable")[:, :count]
-        large_q = np.where(np.arange(count) < self.large_before[:, -1:], np.take_along_axis(q, order, 1), 0.0)
-        clock = large_q[:, :, None] * t[:, None, :]  # (B, J, M')
+        large_q = np.where(
+            np.arange(count) < self.large_before[:, -1:], np.take_along_axis(q, order, 1), 0.0
+        ).T
+        clock = large_q[:, :, None] * t[None, :, :]  # (J, B, M')
         sure = clock > threshold
         with np.errstate(over="ignore"):
             spread = np.expm1(clock)
         spread[sure] = 0.0
-        self.states = np.zeros((rows, count + 1, n, points))
-        self.states[:, :, 0] = 1.0
-        for j in range(1, n):
-            np.cumsum(spread * self.states[:, :-1, j - 1], axis=1, out=self.states[:, 1:, j])
-        self.sure_count = np.zeros((rows, count + 1, points), dtype=np.int64)
-        np.cumsum(sure, axis=1, out=self.sure_count[:, 1:])
-        self.unsure_mass = np.zeros((rows, count + 1, points))
-        np.cumsum(np.where(sure, 0.0, large_q[:, :, None]), axis=1, out=self.unsure_mass[:, 1:])
+        # e_j after i tokens, all j at once: e_j(i + 1) = e_j(i) + w_i e_{j-1}(i), the one-row version's cumsum
+        self.states = np.zeros((count + 1, n, rows, points))
+        self.states[:, 0] = 1.0
+        for i in range(count):
+            np.add(self.states[i, 1:], spread[i] * self.states[i, :-1], out=self.states[i + 1, 1:])
+        self.sure_count = np.zeros((count + 1, rows, points), dtype=np.int64)
+        np.cumsum(sure, axis=0, out=self.sure_count[1:])
+        self.unsure_mass = np.zeros((count + 1, rows, points))
+        np.cumsum(np.where(sure, 0.0, large_q[:, :, None]), axis=0, out=self.unsure_mass[1:])
 
         # Small-clock tokens: prefix sums of (q scale)^r and the series in t / scale.
         coefficients = _wor._series_coefficients(n)
@@ -169,9 +173,9 @@ class _Rows:
             for j in range(1, n):
                 total = sum((-1) ** (i - 1) * small_sums[j - i] * power_sums[i - 1] for i in range(1, j + 1))
                 small_sums.append(total / j)
-            large_sums = self.states[b, index]  # (P, n, M')
-            count = self.sure_count[b, index]
-            rate = t * (moments[:, :1] / self.scale[b, None] + self.unsure_mass[b, index])
+            large_sums = self.states[index, :, b]  # (P, n, M')
+            count = self.sure_count[index, b]
+            rate = t * (moments[:, :1] / self.scale[b, None] + self.unsure_mass[index, b])
             if np.any(self.dust > 0):
                 rate = np.where(dusty[:, None], rate + self.dust[b, None] * t, rate)
             probability = np.zeros_like(rate)
