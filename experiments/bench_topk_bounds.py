@@ -52,7 +52,7 @@ def bound_positions(truncated, blocks, vocab: int, wor_low: str) -> dict:
     """Every interval ``bound --logs`` computes by default, per block; returns ``{(name, n): (low, high)}``."""
     out: dict = {}
     for block in blocks:
-        positions = truncated.top_k_positions(*block, vocab)
+        positions = truncated.top_k_positions(*block[:4], vocab, p_rest=block[4], q_rest=block[5])
         results = {("overlap", 1): truncated.overlap_interval(positions)}
         for n in NS:
             results["iid", n] = truncated.optimal_acceptance_interval(positions, n, draft="iid")
@@ -66,18 +66,31 @@ def bound_positions(truncated, blocks, vocab: int, wor_low: str) -> dict:
     return {key: (np.concatenate(low), np.concatenate(high)) for key, (low, high) in out.items()}
 
 
-def make_blocks(k: int, rows: int, rng, pool) -> list:
-    """``rows`` top-``k`` positions drawn from the pool, as (ids, values) arrays in blocks."""
+def make_blocks(k: int, rows: int, rng, pool, every: bool = False) -> list:
+    """``rows`` top-``k`` positions drawn from the pool (or, with ``every``, each pool row once), as
+    (ids, values) arrays plus the logged rest masses, in blocks."""
     p_pool, q_pool = pool
     top = top_k_arrays(p_pool, q_pool, k)
-    pick = rng.integers(0, len(p_pool), size=rows)
+    pick = np.arange(len(p_pool)) if every else rng.integers(0, len(p_pool), size=rows)
     arrays = [
         top["p_ids"][pick].astype(np.int64),
         np.exp(top["p_logprobs"][pick].astype(np.float64)),
         top["q_ids"][pick].astype(np.int64),
         np.exp(top["q_logprobs"][pick].astype(np.float64)),
+        top["p_rest"][pick],
+        top["q_rest"][pick],
     ]
-    return [[a[s : s + TOPK_BLOCK_ROWS] for a in arrays] for s in range(0, rows, TOPK_BLOCK_ROWS)]
+    return [[a[s : s + TOPK_BLOCK_ROWS] for a in arrays] for s in range(0, len(pick), TOPK_BLOCK_ROWS)]
+
+
+def read_full_log(path: str):
+    """(p, q) float64 rows of a full log, renormalised (as ``bound --logs`` reads them)."""
+    from experiments.logformat import LogShard
+
+    shard = LogShard.open(path)
+    p = np.concatenate([chunk["p"] for _, chunk in shard.chunks()]).astype(np.float64)
+    q = np.concatenate([chunk["q"] for _, chunk in shard.chunks()]).astype(np.float64)
+    return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
 
 
 def compare(old: dict, new: dict) -> dict:
@@ -99,7 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", default="acf5faa", help="git ref of the theory/ to compare against")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved old / new rounds per case")
-    parser.add_argument("--rows", type=int, nargs=2, default=(4096, 1024), metavar=("TOP20", "TOP256"))
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs=2,
+        default=(4096, 1024),
+        metavar=("TOP20", "TOP256"),
+        help="ignored with --full-log",
+    )
+    parser.add_argument(
+        "--full-log",
+        default=None,
+        metavar="NPZ",
+        help="instead of the LM-like pairs: every row of this full (N, V) log, converted to top-k in memory",
+    )
     parser.add_argument("--out", default="runs/bench_topk_bounds.json")
     args = parser.parse_args(argv)
     if args.rounds < 1 or min(args.rows) < 1:
@@ -107,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     import theory.truncated as new_truncated
 
     rng = np.random.default_rng(SEED)
-    pool = lm_rows(rng, 256)
+    pool = lm_rows(rng, 256) if args.full_log is None else read_full_log(args.full_log)
     vocab = pool[0].shape[1]
     report: dict = {"machine": {"load_1min_start": os.getloadavg()[0]}, "arguments": vars(args), "cases": {}}
     with tempfile.TemporaryDirectory() as scratch:
         old_truncated = load_old_theory(args.old, Path(scratch))
         implementations = {"old": old_truncated, "new": new_truncated}
         for k, rows in zip((20, 256), args.rows, strict=True):
-            blocks = make_blocks(k, rows, rng, pool)
+            blocks = make_blocks(k, rows, rng, pool, every=args.full_log is not None)
+            rows = sum(len(block[0]) for block in blocks)
             for wor_low in ("iid", "dust"):
                 label = f"top-{k}, wor_low={wor_low}"
                 seconds: dict = {name: [] for name in implementations}

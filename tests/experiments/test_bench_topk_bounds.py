@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from experiments.bench_topk_bounds import main
@@ -24,3 +25,16 @@ def test_non_positive_sizes_are_refused(tmp_path, argv):
     with pytest.raises(SystemExit) as error:
         main([*argv, "--out", str(tmp_path / "x.json")])
     assert error.value.code != 0
+
+
+def test_full_log_rows_are_each_bounded_once(tmp_path):
+    from experiments.bench_bound_logs import lm_rows
+    from experiments.logformat import write_full_log
+
+    p, q = lm_rows(np.random.default_rng(0), 7, vocab=300)
+    write_full_log(tmp_path / "log.npz", p.astype(np.float32), q.astype(np.float32), temperature=1.0)
+    out = tmp_path / "bench.json"
+    argv = ["--old", "HEAD", "--rounds", "1", "--full-log", str(tmp_path / "log.npz"), "--out", str(out)]
+    assert main(argv) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert {case["positions"] for case in cases.values()} == {7}
