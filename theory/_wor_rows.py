@@ -27,6 +27,10 @@ from theory import _wor
 #: Largest ``rows x tokens x grid points`` (times ``n``) of the padded temporaries of one call; more rows are
 #: evaluated in several calls.
 BATCH_ELEMENTS = 1 << 22
+#: Most rows per call, and largest ratio of grid lengths within one call (rows sorted by grid length): more
+#: rows share the per-call steps, but a few long grids (a tiny complement mass) would pad every other row.
+GROUP_ROWS = 64
+GROUP_PADDING = 1.25
 
 
 def evaluate_rows(inclusion, needed, q_sorted, suffix, n: int, dust) -> None:
@@ -39,13 +43,23 @@ def evaluate_rows(inclusion, needed, q_sorted, suffix, n: int, dust) -> None:
     if rows.size == 0:
         return
     last = (needed.shape[1] - 1) - np.argmax(needed[rows, ::-1], axis=1)  # each row's last needed prefix
-    order = np.argsort(last, kind="stable")  # rows of similar length together: less padding
-    rows, last = rows[order], last[order]
-    per_token = _wor._log_grid(n, float(suffix[rows][needed[rows]].min()))[0].size * n
+    # Each row's grid length (from its smallest needed complement mass, as _log_grid sets it): rows of similar
+    # grid length and width go together, in groups of at most GROUP_ROWS, so that little is padding.
+    smallest = np.where(needed[rows], suffix[rows], np.inf).min(axis=1)
+    u_low = math.log((math.factorial(n + 1) * _wor.TRUNCATION_ERROR) ** (1.0 / (n + 1)))
+    u_high = np.log(math.log(1.0 / _wor.TRUNCATION_ERROR) / np.maximum(smallest, _wor.SMALLEST_COMPLEMENT))
+    grid = np.ceil((u_high - u_low) / _wor.QUADRATURE_STEP) + 2  # (an estimate: + 1 for its rounding)
+    order = np.lexsort((last, grid))
+    rows, last, grid = rows[order], last[order], grid[order]
     start = 0
     while start < rows.size:
         stop = start + 1
-        while stop < rows.size and (stop + 1 - start) * (int(last[stop]) + 2) * per_token <= BATCH_ELEMENTS:
+        while (
+            stop < rows.size
+            and stop - start < GROUP_ROWS
+            and grid[stop] <= GROUP_PADDING * grid[start]
+            and (stop + 1 - start) * (int(last[stop]) + 2) * int(grid[stop]) * n <= BATCH_ELEMENTS
+        ):
             stop += 1
         block = rows[start:stop]
         _Rows(q_sorted[block], suffix[block], n, needed[block], dust[block]).fill(inclusion, block)
