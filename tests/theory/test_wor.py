@@ -241,7 +241,7 @@ def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
 # The batched branch and bound against the former one-row-per-call version
 
 
-def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0):
+def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0, batch=64):
     """The former per-row ``wor_prefix_minimiser`` (one Python call per row, each row's branch and bound on its
     own :class:`_PrefixInclusion`), kept here as the oracle."""
     inclusion = np.full(suffix.shape, np.nan)
@@ -256,7 +256,7 @@ def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bo
     evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
     evaluated = np.zeros(reads.size, dtype=bool)
     undecided = np.ones(reads.size, dtype=bool)
-    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, 64).astype(np.int64), reads.size - 1])
+    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, batch).astype(np.int64), reads.size - 1])
     while True:
         inclusion[reads[chosen]] = evaluate(reads[chosen])
         evaluated[chosen], undecided[chosen] = True, False
@@ -269,7 +269,7 @@ def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bo
         left, bound = left[bound < best], bound[bound < best]
         if left.size == 0:
             return inclusion
-        spread = left[np.linspace(0, left.size - 1, min(64, left.size)).astype(np.int64)]
+        spread = left[np.linspace(0, left.size - 1, min(batch, left.size)).astype(np.int64)]
         chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
 
 
@@ -325,6 +325,29 @@ def test_batched_minimiser_equals_the_one_row_version_bit_for_bit(batch):
     np.testing.assert_array_equal(batched, expected)  # NaN in the same places, every value identical
     single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0], dust[0])
     np.testing.assert_array_equal(single, expected[0])
+
+
+@pytest.mark.parametrize("batch", [64, 8])
+def test_rows_advancing_together_equal_one_row_runs_over_many_rounds_bit_for_bit(monkeypatch, batch):
+    # LM-sized rows with hundreds of candidates: several rounds of pruning, rows finishing at different rounds.
+    import theory._wor as wor
+
+    monkeypatch.setattr(wor, "PREFIX_BATCH", batch)
+    rows = [random_lm_like_row(seed) for seed in range(8)]
+    width = max(r[0].size for r in rows)
+    target, q = np.ones((8, width)), np.zeros((8, width - 1))
+    for b, (t, q_row, _) in enumerate(rows):
+        target[b, : t.size], q[b, : q_row.size] = t, q_row
+    suffix = np.stack([suffix_sums(row) for row in q])
+    candidates, bound = np.ones(target.shape, dtype=bool), np.minimum(1.0, 1.0 - suffix)
+    dust = np.zeros(8)
+    batched = wor.wor_prefix_minimiser(target, q, suffix, 4, candidates, bound, dust)
+    for b in range(8):
+        expected = one_row_minimiser(target[b], q[b], suffix[b], 4, candidates[b], bound[b], batch=batch)
+        np.testing.assert_array_equal(batched[b], expected)
+    assert np.count_nonzero(~np.isnan(batched) & (suffix > 0)) < 0.9 * np.count_nonzero(
+        suffix > 0
+    )  # it prunes
 
 
 def test_batched_minimiser_oracle_comparison_can_fail():
