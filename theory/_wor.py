@@ -218,37 +218,48 @@ def wor_prefix_minimiser(
     head[candidates[:, :n] & ~dusty[:, None]] = 0.0  # with dust, Q > 0 below n tokens
     needed = candidates & (suffix > 0)
     needed[~dusty, :n] = False
-    # Every row's branch and bound, all rows advancing together round by round (theory._wor_rows): each row
-    # keeps its own evaluator and schedule, so its values are those of a one-row run.
-    branch_and_bound_rows(inclusion, needed, target_mass, q_sorted, suffix, n, inclusion_bound, dust)
+    # Rows with at most PREFIX_BATCH reads are settled by the first round, which evaluates them all: together.
+    few = np.count_nonzero(needed, axis=1) <= PREFIX_BATCH
+    evaluate_rows(inclusion, needed & few[:, None], q_sorted, suffix, n, dust)
+    for row in np.flatnonzero(needed.any(axis=1) & ~few):
+        _branch_and_bound(
+            inclusion[row],
+            np.flatnonzero(needed[row]),
+            target_mass[row],
+            q_sorted[row],
+            suffix[row],
+            n,
+            inclusion_bound[row],
+            float(dust[row]),
+        )
     return inclusion
 
 
-from theory._wor_rows import branch_and_bound_rows  # noqa: E402  (it reads this module's helpers)
+from theory._wor_rows import evaluate_rows  # noqa: E402  (it reads this module's helpers)
 
 
-def _first_round(reads: int) -> np.ndarray:
-    """Indices of a row's ``reads`` evaluated in the first round of its branch and bound: PREFIX_BATCH spread
-    evenly, the last read among them (so every open read has an evaluated one after it); all if ``reads <=
-    PREFIX_BATCH``."""
-    return np.unique(np.r_[np.linspace(0, reads - 1, PREFIX_BATCH).astype(np.int64), reads - 1])
-
-
-def _next_round(inclusion, reads, evaluated, undecided, target_mass, inclusion_bound):
-    """One row's pruning step after a round: rule out the reads whose bound is not below the best evaluated
-    value, and return the indices of the next round's reads (None when no read is left)."""
-    best = np.nanmin(target_mass - inclusion)
-    left = np.flatnonzero(undecided)
-    done = reads[evaluated]
-    following = done[np.searchsorted(done, reads[left])]
-    bound = target_mass[reads[left]] - np.minimum(inclusion_bound[reads[left]], inclusion[following])
-    # Ruled out for good: best only decreases and the bound only grows as evaluations get closer.
-    undecided[left[bound >= best]] = False
-    left, bound = left[bound < best], bound[bound < best]
-    if left.size == 0:
-        return None
-    spread = left[np.linspace(0, left.size - 1, min(PREFIX_BATCH, left.size)).astype(np.int64)]
-    return np.unique(np.r_[spread, left[np.argmin(bound)]])
+def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound, dust) -> None:
+    """Fill ``inclusion`` (one row, trivial prefixes already set) on the ``reads`` it takes to find the minimum."""
+    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
+    evaluated = np.zeros(reads.size, dtype=bool)
+    undecided = np.ones(reads.size, dtype=bool)  # neither evaluated nor ruled out
+    # The last read is evaluated first, so every open read has an evaluated one after it.
+    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, PREFIX_BATCH).astype(np.int64), reads.size - 1])
+    while True:
+        inclusion[reads[chosen]] = evaluate(reads[chosen])
+        evaluated[chosen], undecided[chosen] = True, False
+        best = np.nanmin(target_mass - inclusion)
+        left = np.flatnonzero(undecided)
+        done = reads[evaluated]
+        following = done[np.searchsorted(done, reads[left])]
+        bound = target_mass[reads[left]] - np.minimum(inclusion_bound[reads[left]], inclusion[following])
+        # Ruled out for good: best only decreases and the bound only grows as evaluations get closer.
+        undecided[left[bound >= best]] = False
+        left, bound = left[bound < best], bound[bound < best]
+        if left.size == 0:
+            return
+        spread = left[np.linspace(0, left.size - 1, min(PREFIX_BATCH, left.size)).astype(np.int64)]
+        chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
 
 
 def _fill_trivial_prefixes(

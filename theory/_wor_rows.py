@@ -39,52 +39,6 @@ def evaluate_rows(inclusion, needed, q_sorted, suffix, n: int, dust) -> None:
     ``needed`` (B, K + 1) bool marks prefixes with ``s_k > 0`` (and ``k >= n`` for rows without dust);
     ``q_sorted`` (B, K), ``suffix`` (B, K + 1), ``dust`` (B,) as in :func:`theory._wor.wor_prefix_minimiser`.
     """
-    for block in _groups(needed, suffix, n):
-        _Rows(q_sorted[block], suffix[block], n, needed[block], dust[block]).fill(inclusion, block)
-
-
-def branch_and_bound_rows(inclusion, needed, target_mass, q_sorted, suffix, n: int, inclusion_bound, dust):
-    """The branch and bound of :func:`theory._wor.wor_prefix_minimiser` on every row with a ``needed`` prefix,
-    the rows of a group advancing together: each round evaluates every active row's chosen prefixes in one
-    padded call, then each row prunes (:func:`theory._wor._next_round`) and drops out when nothing is left.
-    Each row's evaluator is set up on all its needed prefixes, as the one-row version's, and its rounds choose
-    the same prefixes, so its values are the one-row version's bit for bit. A row with at most
-    ``PREFIX_BATCH`` candidates is settled by its first round, which evaluates them all.
-    """
-    for block in _groups(needed, suffix, n):
-        evaluator = _Rows(q_sorted[block], suffix[block], n, needed[block], dust[block])
-        counts = np.count_nonzero(needed[block], axis=1)
-        chosen = needed[block] & (counts <= _wor.PREFIX_BATCH)[:, None]  # first round of the short rows
-        rounds = {}  # the long rows: [reads, evaluated, undecided, chosen indices]
-        for i in np.flatnonzero(counts > _wor.PREFIX_BATCH):
-            reads = np.flatnonzero(needed[block[i]])
-            rounds[i] = [
-                reads,
-                np.zeros(reads.size, bool),
-                np.ones(reads.size, bool),
-                _wor._first_round(reads.size),
-            ]
-            chosen[i, reads[rounds[i][3]]] = True
-        while chosen.any():
-            evaluator.fill(inclusion, block, chosen)
-            chosen = np.zeros_like(chosen)
-            for i, state in list(rounds.items()):
-                reads, evaluated, undecided, picked = state
-                evaluated[picked], undecided[picked] = True, False
-                row = block[i]
-                picked = _wor._next_round(
-                    inclusion[row], reads, evaluated, undecided, target_mass[row], inclusion_bound[row]
-                )
-                if picked is None:
-                    del rounds[i]
-                else:
-                    state[3] = picked
-                    chosen[i, reads[picked]] = True
-
-
-def _groups(needed, suffix, n: int):
-    """Rows with a needed prefix, in groups of similar grid length and width (little padding), each group's
-    padded temporaries within :data:`BATCH_ELEMENTS`."""
     rows = np.flatnonzero(needed.any(axis=1))
     if rows.size == 0:
         return
@@ -107,7 +61,8 @@ def _groups(needed, suffix, n: int):
             and (stop + 1 - start) * (int(last[stop]) + 2) * int(grid[stop]) * n <= BATCH_ELEMENTS
         ):
             stop += 1
-        yield rows[start:stop]
+        block = rows[start:stop]
+        _Rows(q_sorted[block], suffix[block], n, needed[block], dust[block]).fill(inclusion, block)
         start = stop
 
 
@@ -204,13 +159,11 @@ class _Rows:
         # per row (n - 1, R, M'_b), contiguous like the one-row version's: the power sums are its products
         self.series = [coefficients[1:, 1:, None] * ratio_powers[b, :, : self.points[b]] for b in range(rows)]
 
-    def fill(self, inclusion, block, chosen=None) -> None:
-        """Set ``inclusion[block[i], k]`` on the ``chosen`` (default: all needed) prefixes of each row ``i``."""
-        chosen = self.needed if chosen is None else chosen
-        n = self.n
-        b, prefixes = np.nonzero(chosen)
+    def fill(self, inclusion, block) -> None:
+        n, rows_of = self.n, np.nonzero(self.needed)
+        b, prefixes = rows_of
         points = self.t.shape[1]
-        spans = np.concatenate([[0], np.cumsum(np.count_nonzero(chosen, axis=1))])
+        spans = np.concatenate([[0], np.cumsum(np.count_nonzero(self.needed, axis=1))])
         below = np.zeros((b.size, self.grid.shape[1]))
         if points:
             index = self.large_before[b, prefixes]

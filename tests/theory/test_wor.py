@@ -328,8 +328,9 @@ def test_batched_minimiser_equals_the_one_row_version_bit_for_bit(batch):
 
 
 @pytest.mark.parametrize("batch", [64, 8])
-def test_rows_advancing_together_equal_one_row_runs_over_many_rounds_bit_for_bit(monkeypatch, batch):
-    # LM-sized rows with hundreds of candidates: several rounds of pruning, rows finishing at different rounds.
+def test_minimiser_equals_one_row_runs_over_many_rounds_bit_for_bit(monkeypatch, batch):
+    # LM-sized rows with hundreds of candidates: several rounds of pruning, rows finishing at different rounds,
+    # next to rows settled by their first round.
     import theory._wor as wor
 
     monkeypatch.setattr(wor, "PREFIX_BATCH", batch)
