@@ -39,37 +39,54 @@ SMALLEST_COMPLEMENT = 1e-300
 SMALL_CLOCK = 0.5
 #: Relative truncation error allowed per token in the moment series of ``w_i^m``.
 SERIES_TOLERANCE = 1e-17
+#: Absolute error allowed in ``P(N_H(t) < n)`` where a Poisson "dust" component (see ``dust``) holds at least
+#: :func:`_dust_sure_rate` expected points: there the integrand is taken as if ``n`` points had surely arrived.
+DUST_NEGLIGIBLE = 1e-17
 #: Prefixes evaluated per round of :func:`wor_prefix_minimiser`, and per block of :func:`wor_prefix_inclusion`.
 PREFIX_BATCH = 64
 
 
-def wor_prefix_inclusion_two(q_sorted: np.ndarray, suffix: np.ndarray) -> np.ndarray:
+def wor_prefix_inclusion_two(
+    q_sorted: np.ndarray, suffix: np.ndarray, dust: np.ndarray | None = None
+) -> np.ndarray:
     r"""Exact :math:`Q_2(H_k)` for every prefix, :math:`O(V)` per row.
 
     .. math:: Q_2(H) = \sum_{i \ne j \in H} q_i \frac{q_j}{1 - q_i} = x - s \sum_{i \in H} \frac{q_i}{1 - q_i}
 
-    (sum the second draw over ``H \ {i}``: :math:`(x - q_i)/(1 - q_i) = 1 - s/(1 - q_i)`).
+    (sum the second draw over ``H \ {i}``: :math:`(x - q_i)/(1 - q_i) = 1 - s/(1 - q_i)`). With a Poisson
+    "dust" of rate ``r`` inside every prefix (the limit of ``M`` tokens of mass ``r/M``, ``M -> oo``; a dust
+    point depletes nothing, so the second draw follows it in ``H`` with probability ``x``) the sum gains ``r``:
+    :math:`Q_2 = r x + \sum_i q_i (1 - s/(1 - q_i)) = x - s\,(r + \sum_{i \in H} q_i/(1 - q_i))`.
 
     Parameters
     ----------
-    q_sorted : (B, V) draft probabilities in prefix order, each ``q_i < 1``, summing to 1.
+    q_sorted : (B, V) draft probabilities in prefix order, each ``q_i < 1``, summing to 1 (with ``dust``).
     suffix : (B, V + 1) complement masses ``s_k = sum(q_sorted[:, k:])`` (suffix sums are accurate when small).
+    dust : optional (B,) rate of the dust in every prefix (``x = r + q(H_k)``); None for no dust.
 
     Returns
     -------
     (B, V + 1) array, column ``k`` is :math:`Q_2(H_k)`, clipped to :math:`[0, x^2]` against round-off.
     """
     mass = np.concatenate([np.zeros_like(q_sorted[:, :1]), np.cumsum(q_sorted, axis=-1)], axis=-1)
+    if dust is not None:
+        mass += dust[:, None]
     # 1 - q_i as the mass of the other tokens (sums of positive terms): 1 - q_i itself cancels when q_i ~ 1.
     others = mass[:, :-1] + suffix[:, 1:]
     odds = np.zeros_like(mass)
     np.cumsum(q_sorted / others, axis=-1, out=odds[:, 1:])
+    if dust is not None:
+        odds += dust[:, None]
     inclusion = mass - suffix * odds
     return np.clip(inclusion, 0.0, mass * mass)
 
 
 def wor_prefix_inclusion(
-    q_sorted: np.ndarray, suffix: np.ndarray, n: int, prefixes: np.ndarray | None = None
+    q_sorted: np.ndarray,
+    suffix: np.ndarray,
+    n: int,
+    prefixes: np.ndarray | None = None,
+    dust: np.ndarray | None = None,
 ) -> np.ndarray:
     r""":math:`Q_n(H_k)` on the requested prefixes ``k``, any ``n >= 2``, by an exponential-clock quadrature.
 
@@ -111,6 +128,15 @@ def wor_prefix_inclusion(
     its own grid, from the smallest ``s`` among its requested prefixes. Measured against exact enumeration,
     the exact ``n = 2`` formula and the exact ``O(V^2)`` ``n = 3`` formula the error is below 1e-13 (tests).
 
+    Poisson dust. With ``dust`` (rate ``r`` per row), every prefix also holds a Poisson process of rate ``r``
+    (the limit of ``M`` tokens of ``r/M`` each): :math:`N_H(t)` gains an independent Poisson(:math:`rt`) count,
+    whose generating function :math:`e^{-rt} e^{rtz}` multiplies the product above, i.e. :math:`\lambda` and the
+    first power sum :math:`p_1` both gain :math:`rt` exactly (the higher power sums of ``M`` tokens of
+    ``r/M`` vanish as ``M -> oo``). Where :math:`rt` exceeds :func:`_dust_sure_rate` the Poisson count alone is
+    below ``n`` with probability at most :data:`DUST_NEGLIGIBLE`, and the integrand is taken with
+    :math:`P(N_H(t) < n) = 0` there. Prefixes with fewer than ``n`` tokens then need the quadrature too
+    (:math:`Q_n(H_0) = r^n`).
+
     Parameters
     ----------
     q_sorted : (B, K) draft probabilities in prefix order (the tokens to the right of ``K`` only matter
@@ -119,18 +145,20 @@ def wor_prefix_inclusion(
     n : number of drafts, ``>= 2``.
     prefixes : optional (B, K + 1) bool mask of the prefixes whose value is needed (others are returned as
         NaN); the grid then only covers their ``s`` range.
+    dust : optional (B,) dust rate ``r >= 0`` of each row (None: no dust).
 
     Returns
     -------
-    (B, K + 1) array of :math:`Q_n(H_k)`; ``1`` where ``s_k = 0`` and ``0`` for ``k < n``.
+    (B, K + 1) array of :math:`Q_n(H_k)`; ``1`` where ``s_k = 0`` and ``0`` for ``k < n`` without dust.
     """
     if prefixes is None:
         prefixes = np.ones(suffix.shape, dtype=bool)
+    dust = np.zeros(len(suffix)) if dust is None else np.asarray(dust, dtype=np.float64)
     inclusion = np.full(suffix.shape, np.nan)
     for row, (q_row, suffix_row, wanted) in enumerate(zip(q_sorted, suffix, prefixes, strict=True)):
-        reads = _fill_trivial_prefixes(inclusion[row], suffix_row, n, wanted)
+        reads = _fill_trivial_prefixes(inclusion[row], suffix_row, n, wanted, dust[row] > 0)
         if reads.size:
-            evaluate = _PrefixInclusion(q_row, suffix_row, n, reads)
+            evaluate = _PrefixInclusion(q_row, suffix_row, n, reads, float(dust[row]))
             for start in range(0, reads.size, PREFIX_BATCH):
                 block = reads[start : start + PREFIX_BATCH]
                 inclusion[row, block] = evaluate(block)
@@ -144,6 +172,7 @@ def wor_prefix_minimiser(
     n: int,
     candidates: np.ndarray,
     inclusion_bound: np.ndarray,
+    dust: np.ndarray | None = None,
 ) -> np.ndarray:
     r""":math:`Q_n(H_k)` on enough of the ``candidates`` prefixes to contain a minimiser of :math:`P_k - Q_n(H_k)`.
 
@@ -166,6 +195,8 @@ def wor_prefix_minimiser(
     n : number of drafts, ``>= 2``.
     candidates : (B, K + 1) bool, the prefixes that may be minimisers.
     inclusion_bound : (B, K + 1) upper bounds on :math:`Q_n(H_k)`.
+    dust : optional (B,) (or scalar for one row) Poisson dust rate in every prefix, as in
+        :func:`wor_prefix_inclusion` (None: no dust).
 
     Returns
     -------
@@ -177,14 +208,20 @@ def wor_prefix_minimiser(
             n,
             np.asarray(candidates)[None],
             np.asarray(inclusion_bound)[None],
+            None if dust is None else np.asarray(dust, dtype=np.float64).reshape(1),
         )[0]
+    dust = np.zeros(len(suffix)) if dust is None else np.asarray(dust, dtype=np.float64)
+    dusty = dust > 0
     inclusion = np.full(suffix.shape, np.nan)
     inclusion[candidates & (suffix <= 0)] = 1.0
     head = inclusion[:, :n]  # a view
-    head[candidates[:, :n]] = 0.0
+    head[candidates[:, :n] & ~dusty[:, None]] = 0.0  # with dust, Q > 0 below n tokens
     needed = candidates & (suffix > 0)
-    needed[:, :n] = False
-    for row in np.flatnonzero(needed.any(axis=1)):
+    needed[~dusty, :n] = False
+    # Rows with at most PREFIX_BATCH reads are settled by the first round, which evaluates them all: together.
+    few = np.count_nonzero(needed, axis=1) <= PREFIX_BATCH
+    evaluate_rows(inclusion, needed & few[:, None], q_sorted, suffix, n, dust)
+    for row in np.flatnonzero(needed.any(axis=1) & ~few):
         _branch_and_bound(
             inclusion[row],
             np.flatnonzero(needed[row]),
@@ -193,13 +230,17 @@ def wor_prefix_minimiser(
             suffix[row],
             n,
             inclusion_bound[row],
+            float(dust[row]),
         )
     return inclusion
 
 
-def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound) -> None:
+from theory._wor_rows import evaluate_rows  # noqa: E402  (it reads this module's helpers)
+
+
+def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound, dust) -> None:
     """Fill ``inclusion`` (one row, trivial prefixes already set) on the ``reads`` it takes to find the minimum."""
-    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads)
+    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
     evaluated = np.zeros(reads.size, dtype=bool)
     undecided = np.ones(reads.size, dtype=bool)  # neither evaluated nor ruled out
     # The last read is evaluated first, so every open read has an evaluated one after it.
@@ -222,16 +263,17 @@ def _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclus
 
 
 def _fill_trivial_prefixes(
-    inclusion: np.ndarray, suffix: np.ndarray, n: int, wanted: np.ndarray
+    inclusion: np.ndarray, suffix: np.ndarray, n: int, wanted: np.ndarray, dusty: bool = False
 ) -> np.ndarray:
-    """Set ``Q = 0`` (fewer than ``n`` tokens) and ``Q = 1`` (``s = 0``) on the wanted prefixes of one row.
+    """Set ``Q = 0`` (fewer than ``n`` tokens, no dust) and ``Q = 1`` (``s = 0``) on the wanted prefixes of one row.
 
     Returns the other wanted prefixes (sorted), which need the quadrature.
     """
     inclusion[wanted & (suffix <= 0)] = 1.0
-    inclusion[:n][wanted[:n]] = 0.0
     needed = wanted & (suffix > 0)
-    needed[:n] = False
+    if not dusty:
+        inclusion[:n][wanted[:n]] = 0.0
+        needed[:n] = False
     return np.flatnonzero(needed)
 
 
@@ -242,6 +284,18 @@ def _sure_threshold(n: int, tokens: int) -> float:
     ``e_j <= (tokens * e**threshold)**j``.
     """
     return min(36.0, 690.0 / max(n - 1, 1) - math.log(max(tokens, 1)))
+
+
+@cache
+def _dust_sure_rate(n: int) -> float:
+    r"""Smallest rate ``mu`` (in steps of 1/8) with :math:`P(\mathrm{Poisson}(\mu) < n) \le` :data:`DUST_NEGLIGIBLE`.
+
+    The probability decreases in ``mu``, so it stays below the tolerance for every larger ``mu``.
+    """
+    rate = float(n)
+    while math.exp(-rate) * sum(rate**j / math.factorial(j) for j in range(n)) > DUST_NEGLIGIBLE:
+        rate += 0.125
+    return rate
 
 
 def _log_grid(n: int, smallest_complement: float) -> tuple[np.ndarray, np.ndarray]:
@@ -288,8 +342,8 @@ class _PrefixInclusion:
     ``reads``; each call then costs :math:`O(\text{grid} \cdot n \cdot R)` per requested prefix.
     """
 
-    def __init__(self, q: np.ndarray, suffix: np.ndarray, n: int, reads: np.ndarray):
-        self.suffix, self.n = suffix, n
+    def __init__(self, q: np.ndarray, suffix: np.ndarray, n: int, reads: np.ndarray, dust: float = 0.0):
+        self.suffix, self.n, self.dust = suffix, n, dust
         self.grid, self.weights = _log_grid(n, float(suffix[reads].min()))
         threshold = _sure_threshold(n, q.size)
         q = q[: int(reads[-1])]
@@ -297,8 +351,13 @@ class _PrefixInclusion:
         # Grid points where some read prefix has fewer than n sure tokens and s t <= ln(1/eps): a leading block.
         # Beyond theta / (n-th largest q before the first read) every read has n sure tokens.
         first = int(reads[0])
-        nth_largest = np.partition(q[:first], first - n)[first - n]
-        usable = int(np.searchsorted(self.grid * nth_largest, threshold, "right"))  # t <= theta / nth_largest
+        if first >= n:
+            nth_largest = np.partition(q[:first], first - n)[first - n]
+            usable = int(
+                np.searchsorted(self.grid * nth_largest, threshold, "right")
+            )  # t <= theta / nth_largest
+        else:  # only with dust: a read with fewer than n tokens never has n sure ones
+            usable = self.grid.size
         capable = np.flatnonzero(q * self.grid[max(usable - 1, 0)] > threshold)
         sure_by_then = np.cumsum(q[capable, None] * self.grid[:usable] > threshold, axis=0)  # (S, M)
         nth_sure = np.full(self.grid.size, q.size)
@@ -309,6 +368,8 @@ class _PrefixInclusion:
         latest = np.searchsorted(reads, nth_sure, side="right") - 1  # the largest read k <= n-th sure, or -1
         smallest_complement = suffix[reads[np.maximum(latest, 0)]]
         alive = (latest >= 0) & (smallest_complement * self.grid <= math.log(1.0 / TRUNCATION_ERROR))
+        if dust > 0:  # beyond, the dust alone has n points but for DUST_NEGLIGIBLE
+            alive &= dust * self.grid <= _dust_sure_rate(n)
         self.points = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 0
         t = self.grid[: self.points]
 
@@ -355,6 +416,8 @@ class _PrefixInclusion:
             index = np.searchsorted(self.large_positions, prefixes)
             moments = self.moments[:, prefixes].T  # (b, R)
             power_sums = [moments @ self.series[m] for m in range(n - 1)]  # p_1..p_{n-1}, (b, M')
+            if self.dust > 0:  # the Poisson dust: p_1 gains r t, higher power sums nothing
+                power_sums[0] = power_sums[0] + self.dust * t
             # Newton's identities: j e_j = sum_{i=1..j} (-1)^(i-1) e_{j-i} p_i, for the small-clock tokens.
             small_sums = [np.ones_like(power_sums[0])]
             for j in range(1, n):
@@ -364,6 +427,8 @@ class _PrefixInclusion:
             count = self.sure_count[index]
             # lambda of the non-sure tokens: the small-clock mass is the first moment
             rate = t * (moments[:, :1] / self.scale + self.unsure_mass[index])
+            if self.dust > 0:
+                rate = rate + self.dust * t
             probability = np.zeros_like(rate)
             for j in range(n):
                 coefficient = sum(large_sums[:, i] * small_sums[j - i] for i in range(j + 1))

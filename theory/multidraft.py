@@ -346,7 +346,7 @@ def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.argsort(ratio, axis=-1)
 
 
-def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.ndarray:
+def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int, dust=None) -> np.ndarray:
     r""":math:`Q_n(H_k)` of successive sampling on the prefixes (B, V + 1) that decide the minimum, else NaN.
 
     ``n = 2``: the exact :math:`O(V)` formula on every prefix. ``n >= 3``: bounds from the exact :math:`Q_2`
@@ -356,11 +356,13 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.
     decreasing in ``D``; ``D`` is at most :math:`\min(j\,m, T_j, x)` with ``m`` the largest ``q`` in ``H`` and
     :math:`T_j` the sum of the ``j`` largest ``q`` of the row. So
     :math:`Q_2 \prod_{j=2}^{n-1} (1 - s/(s + x - \min(jm, T_j, x))) \le Q_n \le Q_2\, x^{n-2}`. A prefix
-    whose lower bound on :math:`P_k - Q_n` exceeds the smallest upper bound cannot be the minimiser.
+    whose lower bound on :math:`P_k - Q_n` exceeds the smallest upper bound cannot be the minimiser. ``dust``:
+    (B,) Poisson dust rates inside every prefix (:func:`theory._wor.wor_prefix_inclusion`; ``m``, ``T_j`` stay
+    the tokens' since a dust point draws no mass: both bounds are the ``M -> oo`` limits of ``r/M`` tokens').
     """
     suffix = np.zeros_like(target_mass)
     suffix[:, :-1] = np.cumsum(q_sorted[:, ::-1], axis=-1)[:, ::-1]
-    inclusion_two = wor_prefix_inclusion_two(q_sorted, suffix)
+    inclusion_two = wor_prefix_inclusion_two(q_sorted, suffix, dust)
     if n == 2:
         return inclusion_two
     mass = 1.0 - suffix
@@ -376,7 +378,7 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int) -> np.
             lower *= np.where(room > 0, 1.0 - suffix / (suffix + room), 0.0)
     best_upper = (target_mass - lower).min(axis=-1, keepdims=True)
     candidates = target_mass - upper <= best_upper + 1e-10  # slack for round-off in the bounds
-    return wor_prefix_minimiser(target_mass, q_sorted, suffix, n, candidates, upper)
+    return wor_prefix_minimiser(target_mass, q_sorted, suffix, n, candidates, upper, dust)
 
 
 def _top_tokens_batched(q: np.ndarray, count: int) -> np.ndarray:

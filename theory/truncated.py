@@ -36,13 +36,12 @@ Every interval is exact (``low == high``) when nothing is unknown (``k = V``, or
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from theory.checks import as_choice, as_count
-from theory.multidraft import _sorted
+from theory.multidraft import _ratio_order, _sorted, _wor_inclusion
 
 __all__ = [
     "Interval",
@@ -369,30 +368,31 @@ def _padded(p: np.ndarray, q: np.ndarray, width: int):
     return np.pad(p, ((0, 0), (0, extra))), np.pad(q, ((0, 0), (0, extra)))
 
 
-def _dust_low(s: TopKPositions, n: int, slack: float) -> np.ndarray:
-    r"""Without-replacement lower bound: :math:`\alpha^*_{wor}` of the pessimistic vectors with ``q``'s tail split
-    into ``M`` equal "dust" tokens, minus :math:`n(n-1)/(2M)`, ``M = ceil(n(n-1)/(2 slack))``.
+def _dust_low(s: TopKPositions, n: int) -> np.ndarray:
+    r"""Without-replacement lower bound :math:`1 + \min_S [p_D(S) - Q_{dust}(S; r_q)]`: the pessimistic vectors
+    (``p = 0`` where unlogged, the ``p`` tail on a token with ``q = 0``) with ``q``'s unlogged mass as a Poisson
+    "dust" of rate :math:`r_q` inside every set.
 
     Valid because (docs/truncated_logs.md, section 3) :math:`Q_{wor}(H)` is at most the inclusion probability with
-    the unlogged ``q`` mass in ``H`` replaced by a Poisson process of rate :math:`r_q` ("dust"), which differs from
-    the ``M``-token split by at most the chance :math:`\binom{n}{2}/M` that two of ``n`` dust arrivals hit one token.
+    the unlogged ``q`` mass in ``H`` replaced by that dust; the minimum over ``S`` is attained on ratio prefixes
+    (the limit of ``M`` dust tokens of ``r_q/M``, each with ``p = 0``), each prefix holding all the dust, and
+    :math:`Q_{dust}` is computed directly (:func:`theory._wor.wor_prefix_inclusion`), without splitting the dust.
     """
-    dust = math.ceil(n * (n - 1) / (2 * slack))
-    rows = len(s)
-    p = np.concatenate([np.where(s.known_p, s.p, 0.0), s.p_rest[:, None], np.zeros((rows, dust))], axis=1)
-    q = np.concatenate(
-        [
-            np.where(s.known_q, s.q, 0.0),
-            np.zeros((rows, 1)),
-            np.repeat(s.q_rest[:, None] / dust, dust, axis=1),
-        ],
-        axis=1,
+    p, q = _padded(
+        np.concatenate([np.where(s.known_p, s.p, 0.0), s.p_rest[:, None]], axis=1),
+        np.concatenate([np.where(s.known_q, s.q, 0.0), np.zeros((len(s), 1))], axis=1),
+        n + 1,
     )
-    return _sorted(p, q, n, "wor") - np.where(s.q_rest > 0, n * (n - 1) / (2 * dust), 0.0)
+    order = _ratio_order(p, q)
+    p_sorted, q_sorted = np.take_along_axis(p, order, axis=1), np.take_along_axis(q, order, axis=1)
+    target_mass = np.zeros((len(s), p.shape[1] + 1))
+    np.cumsum(p_sorted, axis=1, out=target_mass[:, 1:])
+    gap = target_mass - _wor_inclusion(target_mass, q_sorted, n, dust=np.asarray(s.q_rest, dtype=np.float64))
+    return np.clip(1.0 + np.nanmin(gap, axis=1), 0.0, 1.0)
 
 
 def optimal_acceptance_interval(
-    positions: TopKPositions, n: int, *, draft: str = "iid", wor_low: str = "dust", dust_slack: float = 0.01
+    positions: TopKPositions, n: int, *, draft: str = "iid", wor_low: str = "dust"
 ) -> Interval:
     r"""Interval of :math:`\alpha^* = 1 + \min_H [p(H) - Q(H)]` (Hu et al., ICLR 2025, arXiv:2502.18779) over
     completions, for ``draft`` ``"iid"`` (:math:`Q(H) = q(H)^n`) or ``"wor"``.
@@ -401,8 +401,8 @@ def optimal_acceptance_interval(
     :math:`p_-(H)` the least ``p(H)`` and :math:`q_+(H)` the largest ``q(H)`` over completions; bounded below
     by :math:`\alpha^*` of the pessimistic vectors (:func:`_pessimistic`), equal to it when the tails fit on
     disjoint unlogged tokens. low (``"wor"``): the ``"iid"`` low, since :math:`Q_{wor}(H) \le q(H)^n`, and with
-    ``wor_low="dust"`` (default) the larger :func:`_dust_low` (within ``dust_slack`` of the Poisson-dust bound; its
-    cost grows like :math:`n^2/\text{dust\_slack}` entries per position).
+    ``wor_low="dust"`` (default) the larger :func:`_dust_low` (the Poisson-dust bound, computed directly on the
+    ``k_p + k_q + 1`` entries).
 
     high: :math:`\max \min \le \min \max`: :math:`1 + \min_{H \subseteq K_q} [\hat p(H) - Q(H)]` with
     :math:`\hat p = p` on ``A`` and ``min(a, r_p)`` on :math:`B_q`; for ``H`` inside the logged ``q`` tokens
@@ -414,14 +414,12 @@ def optimal_acceptance_interval(
     draft = as_choice(draft, "draft", ("iid", "wor"))
     wor_low = as_choice(wor_low, "wor_low", ("iid", "dust"))
     n = as_count(n, "n")
-    if not 0 < dust_slack < 1:
-        raise ValueError(f"dust_slack must lie in (0, 1), got {dust_slack}")
     if n == 1:
         return overlap_interval(positions)
     s = positions
     low = _sorted(*_pessimistic(s), n, "iid")
     if draft == "wor" and wor_low == "dust":
-        low = np.maximum(low, _dust_low(s, n, dust_slack))
+        low = np.maximum(low, _dust_low(s, n))
     high = _sorted(*_padded(*_optimistic(s, draft), n + 1), n, draft)
     exact_low = (_needed(s.p_rest, s.p_cap) + _needed(s.q_rest, s.q_cap) <= s.unlogged) & (draft == "iid")
     exact_high = np.zeros(len(s), dtype=bool)

@@ -319,18 +319,72 @@ def test_more_drafts_than_logged_tokens_still_gives_a_valid_interval(draft):
     assert interval.low[0] - TOL <= truth <= interval.high[0] + TOL
 
 
-def test_dust_bound_tightens_the_without_replacement_low_and_stays_below_every_completion():
+@pytest.mark.parametrize("n", [2, 3])
+def test_dust_bound_tightens_the_without_replacement_low_and_stays_below_every_completion(n):
     """The dust low must beat the i.i.d. low somewhere (else the test of its validity would be vacuous)."""
     from theory.truncated import optimal_acceptance_interval
 
     gains = []
     for vocab, p, q, kp, kq in CASES[:8]:
         positions = top_k_positions(*top_k(p, kp), *top_k(q, kq), vocab)
-        dust = optimal_acceptance_interval(positions, 2, draft="wor")
-        plain = optimal_acceptance_interval(positions, 2, draft="wor", wor_low="iid")
-        lowest, _ = brute_force(vocab, p, q, kp, kq, "wor", 2)
+        dust = optimal_acceptance_interval(positions, n, draft="wor")
+        plain = optimal_acceptance_interval(positions, n, draft="wor", wor_low="iid")
+        lowest, _ = brute_force(vocab, p, q, kp, kq, "wor", n)
         assert plain.low[0] <= dust.low[0] <= lowest + TOL
         gains.append(dust.low[0] - plain.low[0])
     assert max(gains) > 0.01
-    with pytest.raises(ValueError, match="dust_slack"):
-        optimal_acceptance_interval(positions, 2, draft="wor", dust_slack=0)
+
+
+def split_dust_low(positions, n, tokens):
+    """The former dust bound: alpha*_wor with q's tail split into ``tokens`` equal tokens (p = 0), minus the
+    split's error n(n - 1)/(2 tokens) (docs/truncated_logs.md, section 3, step 3)."""
+    from theory.multidraft import _sorted
+
+    s, rows = positions, len(positions)
+    p = np.concatenate([np.where(s.known_p, s.p, 0.0), s.p_rest[:, None], np.zeros((rows, tokens))], axis=1)
+    q = np.concatenate(
+        [
+            np.where(s.known_q, s.q, 0.0),
+            np.zeros((rows, 1)),
+            np.repeat(s.q_rest[:, None] / tokens, tokens, 1),
+        ],
+        axis=1,
+    )
+    return _sorted(p, q, n, "wor") - np.where(s.q_rest > 0, n * (n - 1) / (2 * tokens), 0.0)
+
+
+def long_tail_positions(seed, rows=6, vocab=200, concentration=0.05):
+    """Top-12 / top-9 positions of peaked rows with some unlogged mass (V = 200)."""
+    rng = np.random.default_rng(seed)
+    p, q = (
+        rng.dirichlet(np.full(vocab, concentration), size=rows),
+        rng.dirichlet(np.full(vocab, concentration), size=rows),
+    )
+    tops = [top_k(row, 12) for row in p], [top_k(row, 9) for row in q]
+    return top_k_positions(*(np.stack([t[i] for t in side]) for side in tops for i in (0, 1)), vocab)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_direct_dust_bound_is_at_least_the_split_dust_bound_and_its_limit(n):
+    # The Poisson dust is the M -> oo limit of M tokens of r/M: the direct bound must lie above every split
+    # bound (which subtracts the split's worst error) and within that error of the split's alpha*.
+    from theory.truncated import _dust_low
+
+    positions = long_tail_positions(40 + n)
+    direct = _dust_low(positions, n)
+    for tokens in (20, 400):
+        split = split_dust_low(positions, n, tokens)
+        slack = n * (n - 1) / (2 * tokens)
+        assert np.all(direct >= split - 1e-12)
+        assert np.all(direct <= split + slack + 1e-12)
+    assert np.max(direct - split_dust_low(positions, n, 400)) > 0.5 * n * (n - 1) / 800  # the slack is gone
+
+
+def test_split_dust_comparison_can_fail():
+    # Negative control: a split bound without its error term exceeds the direct bound somewhere.
+    from theory.truncated import _dust_low
+
+    positions = long_tail_positions(43)
+    tokens = 3
+    unpenalised = split_dust_low(positions, 3, tokens) + 3 * 2 / (2 * tokens)
+    assert np.any(unpenalised > _dust_low(positions, 3) + 1e-6)

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.theory.test_multidraft import TOL, brute_force, law_of, positive_support
@@ -241,20 +241,22 @@ def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
 # The batched branch and bound against the former one-row-per-call version
 
 
-def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound):
-    """The former per-row ``wor_prefix_minimiser`` (one Python call per row), kept here as the oracle."""
+def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0, batch=64):
+    """The former per-row ``wor_prefix_minimiser`` (one Python call per row, each row's branch and bound on its
+    own :class:`_PrefixInclusion`), kept here as the oracle."""
     inclusion = np.full(suffix.shape, np.nan)
     inclusion[candidates & (suffix <= 0)] = 1.0
-    inclusion[:n][candidates[:n]] = 0.0
     needed = candidates & (suffix > 0)
-    needed[:n] = False
+    if dust == 0:
+        inclusion[:n][candidates[:n]] = 0.0
+        needed[:n] = False
     reads = np.flatnonzero(needed)
     if reads.size == 0:
         return inclusion
-    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads)
+    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
     evaluated = np.zeros(reads.size, dtype=bool)
     undecided = np.ones(reads.size, dtype=bool)
-    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, 64).astype(np.int64), reads.size - 1])
+    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, batch).astype(np.int64), reads.size - 1])
     while True:
         inclusion[reads[chosen]] = evaluate(reads[chosen])
         evaluated[chosen], undecided[chosen] = True, False
@@ -267,16 +269,18 @@ def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bo
         left, bound = left[bound < best], bound[bound < best]
         if left.size == 0:
             return inclusion
-        spread = left[np.linspace(0, left.size - 1, min(64, left.size)).astype(np.int64)]
+        spread = left[np.linspace(0, left.size - 1, min(batch, left.size)).astype(np.int64)]
         chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
 
 
 @st.composite
 def minimiser_batches(draw):
     """Batches of rows in ratio order with degenerate rows mixed in: zero-mass tokens, a token holding almost
-    all the mass, a complement mass that reaches 0 before the end, no candidates, every candidate, tiny V."""
+    all the mass, a complement mass that reaches 0 before the end, no candidates, every candidate, tiny V, rows
+    with Poisson dust or without, rows with more candidates than PREFIX_BATCH (the per-row branch and bound) and
+    with fewer (evaluated together)."""
     seed = draw(st.integers(0, 2**32 - 1))
-    rows, vocab, n = draw(st.integers(1, 6)), draw(st.integers(1, 60)), draw(st.integers(2, 8))
+    rows, vocab, n = draw(st.integers(1, 6)), draw(st.integers(1, 150)), draw(st.integers(2, 8))
     rng = np.random.default_rng(seed)
     q = rng.dirichlet(np.full(vocab, draw(st.sampled_from([0.05, 0.5, 3.0]))), size=rows)
     kind = draw(
@@ -301,22 +305,50 @@ def minimiser_batches(draw):
     share = draw(st.sampled_from([0.0, 0.3, 1.0]))
     candidates = rng.random((rows, vocab + 1)) < share
     bound = np.minimum(1.0, (1.0 - suffix) * rng.uniform(0.0, 1.5, size=(rows, vocab + 1)))
-    return target, q, suffix, n, candidates, bound
+    dust = np.where(rng.random(rows) < draw(st.sampled_from([0.0, 0.5, 1.0])), rng.uniform(0, 0.5, rows), 0.0)
+    q *= 1.0 - dust[:, None]
+    suffix *= 1.0 - dust[:, None]
+    return target, q, suffix, n, candidates, bound, dust
 
 
+@settings(max_examples=300)
 @given(minimiser_batches())
 def test_batched_minimiser_equals_the_one_row_version_bit_for_bit(batch):
-    target, q, suffix, n, candidates, bound = batch
-    batched = wor_prefix_minimiser(target, q, suffix, n, candidates, bound)
+    target, q, suffix, n, candidates, bound, dust = batch
+    batched = wor_prefix_minimiser(target, q, suffix, n, candidates, bound, dust)
     expected = np.stack(
         [
-            one_row_minimiser(*row, n, c, b)
-            for *row, c, b in zip(target, q, suffix, candidates, bound, strict=True)
+            one_row_minimiser(*row, n, c, b, r)
+            for *row, c, b, r in zip(target, q, suffix, candidates, bound, dust, strict=True)
         ]
     )
     np.testing.assert_array_equal(batched, expected)  # NaN in the same places, every value identical
-    single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0])
+    single = wor_prefix_minimiser(target[0], q[0], suffix[0], n, candidates[0], bound[0], dust[0])
     np.testing.assert_array_equal(single, expected[0])
+
+
+@pytest.mark.parametrize("batch", [64, 8])
+def test_minimiser_equals_one_row_runs_over_many_rounds_bit_for_bit(monkeypatch, batch):
+    # LM-sized rows with hundreds of candidates: several rounds of pruning, rows finishing at different rounds,
+    # next to rows settled by their first round.
+    import theory._wor as wor
+
+    monkeypatch.setattr(wor, "PREFIX_BATCH", batch)
+    rows = [random_lm_like_row(seed) for seed in range(8)]
+    width = max(r[0].size for r in rows)
+    target, q = np.ones((8, width)), np.zeros((8, width - 1))
+    for b, (t, q_row, _) in enumerate(rows):
+        target[b, : t.size], q[b, : q_row.size] = t, q_row
+    suffix = np.stack([suffix_sums(row) for row in q])
+    candidates, bound = np.ones(target.shape, dtype=bool), np.minimum(1.0, 1.0 - suffix)
+    dust = np.zeros(8)
+    batched = wor.wor_prefix_minimiser(target, q, suffix, 4, candidates, bound, dust)
+    for b in range(8):
+        expected = one_row_minimiser(target[b], q[b], suffix[b], 4, candidates[b], bound[b], batch=batch)
+        np.testing.assert_array_equal(batched[b], expected)
+    assert np.count_nonzero(~np.isnan(batched) & (suffix > 0)) < 0.9 * np.count_nonzero(
+        suffix > 0
+    )  # it prunes
 
 
 def test_batched_minimiser_oracle_comparison_can_fail():
@@ -335,3 +367,113 @@ def test_batched_minimiser_oracle_comparison_can_fail():
         ]
     )
     assert not np.array_equal(batched, shuffled, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Poisson dust inside every prefix
+
+
+def exact_dust_prefix_inclusion(q, dust, n, exact=False):
+    """Q_n(H_k + dust) for every prefix k, by enumerating the first n arrivals of successive sampling from the
+    tokens of ``q`` plus a Poisson process of rate ``dust`` (an arrival is dust with probability dust / (dust +
+    undrawn token mass), memoryless, and drawing dust depletes nothing; ``q`` and ``dust`` sum to 1)."""
+    one = Fraction(1) if exact else 1.0
+    weights = [Fraction(x) for x in q] if exact else list(q)
+    rate = Fraction(dust) if exact else dust
+    values = [0 * one for _ in range(len(q) + 1)]
+    tokens = np.flatnonzero(q).tolist()
+
+    def walk(drawn, probability, depth):
+        if depth == n:
+            last = max(drawn, default=-1)
+            for k in range(last + 1, len(q) + 1):
+                values[k] += probability
+            return
+        left = rate + sum(weights[y] for y in tokens if y not in drawn)
+        walk(drawn, probability * rate / left, depth + 1)
+        for x in tokens:
+            if x not in drawn:
+                walk(drawn | {x}, probability * weights[x] / left, depth + 1)
+
+    walk(frozenset(), one, 0)
+    return np.array([float(v) for v in values])
+
+
+def dusty_row(seed, vocab=6, concentration=0.5):
+    rng = np.random.default_rng(seed)
+    dust = float(rng.uniform(0.05, 0.6))
+    q = rng.dirichlet(np.full(vocab, concentration)) * (1.0 - dust)
+    return q, dust
+
+
+def test_dust_enumeration_in_floats_matches_exact_rationals_and_the_empty_prefix_is_r_to_the_n():
+    q, dust = dusty_row(1)
+    floats = exact_dust_prefix_inclusion(q, dust, 3)
+    np.testing.assert_allclose(floats, exact_dust_prefix_inclusion(q, dust, 3, exact=True), atol=1e-15)
+    assert floats[0] == pytest.approx(dust**3, rel=1e-14)  # only dust: every arrival is dust w.p. r
+
+
+def test_dust_enumeration_is_the_limit_of_splitting_the_dust_into_many_tokens():
+    # M tokens of r/M each (enumerated as ordinary tokens) approach the Poisson dust within n(n-1)/(2M).
+    q, dust = dusty_row(2, vocab=3)
+    n, tokens = 3, 6
+    split = np.concatenate([np.full(tokens, dust / tokens), q])
+    inclusion = exact_prefix_inclusion(split, n)[tokens:]  # prefixes holding all the split dust
+    poisson = exact_dust_prefix_inclusion(q, dust, n)
+    assert np.all(inclusion <= poisson + 1e-15)
+    assert np.max(poisson - inclusion) <= n * (n - 1) / (2 * tokens)
+
+
+@pytest.mark.parametrize("n", range(2, 7))
+def test_quadrature_with_dust_matches_enumeration_on_every_prefix_including_those_below_n_tokens(n):
+    worst = 0.0
+    for seed, concentration in enumerate((0.1, 0.5, 3.0)):
+        q, dust = dusty_row(10 * n + seed, concentration=concentration)
+        outside = suffix_sums(q)
+        quadrature = wor_prefix_inclusion(q[None], outside[None], n, dust=np.array([dust]))[0]
+        worst = max(worst, np.max(np.abs(quadrature - exact_dust_prefix_inclusion(q, dust, n))))
+    assert worst < 1e-12
+
+
+def test_exact_two_draft_formula_with_dust_matches_enumeration():
+    q, dust = dusty_row(3, vocab=7)
+    exact = wor_prefix_inclusion_two(q[None], suffix_sums(q)[None], np.array([dust]))[0]
+    np.testing.assert_allclose(exact, exact_dust_prefix_inclusion(q, dust, 2), atol=1e-15)
+
+
+@given(
+    strategies.distributions(vocab_size=st.integers(2, 6), min_probability=0.0),
+    st.floats(0.0, 0.95),
+    st.integers(2, 4),
+)
+def test_quadrature_with_dust_matches_enumeration_for_any_rate(q, dust, n):
+    q = q * (1.0 - dust)
+    outside = suffix_sums(q)
+    if np.any((outside > 0) & (outside < 1e-300)) or (dust == 0 and positive_support(q) < n):
+        return  # the quadrature's documented domain
+    quadrature = wor_prefix_inclusion(q[None], outside[None], n, dust=np.array([dust]))[0]
+    np.testing.assert_allclose(quadrature, exact_dust_prefix_inclusion(q, dust, n), atol=1e-11, rtol=0)
+
+
+def test_dust_comparison_can_fail():
+    # Negative controls: a dust that depletes (one token of mass r) and a quadrature that forgets the dust
+    # both differ from the Poisson enumeration by far more than the tolerance.
+    q, dust = dusty_row(4)
+    poisson = exact_dust_prefix_inclusion(q, dust, 3)
+    one_token = exact_prefix_inclusion(np.concatenate([[dust], q]), 3)[1:]
+    assert np.max(np.abs(one_token - poisson)) > 1e-3
+    forgotten = wor_prefix_inclusion(q[None], suffix_sums(q)[None], 3)[0]
+    assert np.nanmax(np.abs(forgotten - poisson)) > 1e-3
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_branch_and_bound_with_dust_finds_the_minimum_over_every_prefix(seed):
+    target, q_sorted, n = random_lm_like_row(seed)
+    dust = 0.05 + 0.1 * (seed % 3)
+    q_sorted = q_sorted * (1.0 - dust)
+    suffix = suffix_sums(q_sorted)
+    candidates, bound = np.ones(target.size, dtype=bool), np.ones(target.size)
+    searched = wor_prefix_minimiser(target, q_sorted, suffix, n, candidates, bound, dust)
+    full = wor_prefix_inclusion(q_sorted[None], suffix[None], n, dust=np.array([dust]))[0]
+    assert np.nanmin(target - searched) == pytest.approx(np.min(target - full), abs=1e-13)
+    assert not np.isnan(searched[0])  # prefixes below n tokens are evaluated when there is dust
