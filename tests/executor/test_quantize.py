@@ -167,6 +167,16 @@ def int8_tiny(tiny_model, seed: int, **config):
     return quantize_model(tiny_model(seed, **config))
 
 
+def assert_every_decoder_equals_plain_decoding(target, decoders: dict) -> None:
+    """Greedy: each decoder's 40 tokens are plain decoding's on three prompts, and each really drafted."""
+    for prompt in ([5], [1, 2, 3, 4], [7, 7, 1, 9, 7, 7]):
+        reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
+        for name, decoder in decoders.items():
+            result = decoder.generate(prompt, 40)
+            assert result.token_ids == reference, name
+            assert any(len(step.tokens) > 1 for step in result.steps), name
+
+
 def test_every_greedy_decoder_on_the_int8_model_equals_int8_plain_decoding(tiny_model):
     target = int8_tiny(tiny_model, 21, vocab_size=16, max_seq_len=128)
     draft_model = int8_tiny(tiny_model, 22, vocab_size=16, max_seq_len=128)
@@ -175,12 +185,7 @@ def test_every_greedy_decoder_on_the_int8_model_equals_int8_plain_decoding(tiny_
         **{f"feature-{k}": v for k, v in test_drafters_feature.greedy_decoders(target).items()},
         "chain-ngram": ChainDecoder(target, PromptLookupDrafter(), gamma=3),
     }
-    for prompt in ([5], [1, 2, 3, 4], [7, 7, 1, 9, 7, 7]):
-        reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
-        for name, decoder in decoders.items():
-            result = decoder.generate(prompt, 40)
-            assert result.token_ids == reference, name
-            assert any(len(step.tokens) > 1 for step in result.steps), name  # it really drafted
+    assert_every_decoder_equals_plain_decoding(target, decoders)
 
 
 def test_an_int8_verification_pass_gives_bitwise_the_logits_of_one_token_passes(tiny_model):
@@ -404,12 +409,7 @@ def test_every_greedy_decoder_on_the_q4_1_model_equals_q4_1_plain_decoding():
         **test_decoders.greedy_decoders(target, draft_model),
         **{f"feature-{k}": v for k, v in test_drafters_feature.greedy_decoders(target).items()},
     }
-    for prompt in ([5], [1, 2, 3, 4], [7, 7, 1, 9, 7, 7]):
-        reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
-        for name, decoder in decoders.items():
-            result = decoder.generate(prompt, 40)
-            assert result.token_ids == reference, name
-            assert any(len(step.tokens) > 1 for step in result.steps), name  # it really drafted
+    assert_every_decoder_equals_plain_decoding(target, decoders)
 
 
 @pytest.mark.slow
