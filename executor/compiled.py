@@ -71,6 +71,11 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
         except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as error:
             _fallback(model, f"torch.compile failed: {str(error).splitlines()[0]}")
             return model.layers_and_head(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as error:
+            # fullgraph=True turns Dynamo's recompile limit into an error (seen when every prompt of a run
+            # reallocated the KV cache with a new size); eager from here on rather than a crash mid-run.
+            _fallback(model, f"torch.compile hit its recompile limit: {str(error).splitlines()[0]}")
+            return model.layers_and_head(*args)
 
     model.step = step
     return model

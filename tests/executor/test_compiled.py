@@ -20,13 +20,22 @@ def test_without_a_compiler_the_model_stays_eager_with_one_line(tiny_model, monk
     torch.testing.assert_close(model(torch.tensor([[1, 2, 3]]), torch.arange(3)), expected, atol=0, rtol=0)
 
 
-def test_a_backend_failure_at_the_first_call_falls_back_to_eager(tiny_model, monkeypatch, capsys):
+FAILURES = {
+    "torch.compile failed": lambda: torch._dynamo.exc.BackendCompilerFailed(
+        None, RuntimeError("no cc1plus"), None
+    ),
+    "recompile limit": lambda: torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached"),
+}
+
+
+@pytest.mark.parametrize("message", FAILURES)
+def test_a_compile_failure_at_a_call_falls_back_to_eager(tiny_model, monkeypatch, capsys, message):
     model = tiny_model(2)
     expected = model(torch.tensor([[4, 5]]), torch.arange(2))
 
     def broken_compile(function, **options):
         def run(*args):
-            raise torch._dynamo.exc.BackendCompilerFailed(None, RuntimeError("no cc1plus"), None)
+            raise FAILURES[message]()
 
         return run
 
@@ -35,7 +44,7 @@ def test_a_backend_failure_at_the_first_call_falls_back_to_eager(tiny_model, mon
     compile_model(model)
     assert model.step is not None
     torch.testing.assert_close(model(torch.tensor([[4, 5]]), torch.arange(2)), expected, atol=0, rtol=0)
-    assert model.step is None and "torch.compile failed" in capsys.readouterr().err
+    assert model.step is None and message in capsys.readouterr().err
 
 
 def test_compile_model_and_warm_up_reject_bad_input(tiny_model):
