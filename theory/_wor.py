@@ -177,9 +177,10 @@ def wor_prefix_minimiser(
     r""":math:`Q_n(H_k)` on enough of the ``candidates`` prefixes to contain a minimiser of :math:`P_k - Q_n(H_k)`.
 
     Batched over rows (a 1-D input is one row). The trivial prefixes (:math:`Q = 0` below ``n`` tokens,
-    :math:`Q = 1` at ``s = 0``) are filled for every row at once; only the rows with a candidate that needs the
-    quadrature enter the branch and bound, row by row (each row has its own grid, so its values do not depend
-    on the other rows of the batch).
+    :math:`Q = 1` at ``s = 0``) are filled for every row at once. Rows with at most :data:`PREFIX_BATCH`
+    prefixes that need the quadrature are settled by one round, which evaluates them all: those rows are
+    evaluated together (:func:`theory._wor_rows.evaluate_rows`); the others enter the branch and bound row by
+    row. Each row keeps its own grid, so its values do not depend on the other rows of the batch.
 
     Branch and bound on one row. :math:`Q_n(H_k)` grows with ``k``, so for a prefix ``k`` between evaluated
     prefixes, :math:`P_k - Q_n(H_k) \ge P_k - \min(Q_n(H_b), \bar Q_k)`, ``b`` the next evaluated prefix and

@@ -19,6 +19,8 @@ from theory import (
     strategies,
 )
 from theory._wor import (
+    _branch_and_bound,
+    _fill_trivial_prefixes,
     _PrefixInclusion,
     _series_coefficients,
     wor_prefix_inclusion,
@@ -241,36 +243,14 @@ def test_quadrature_with_a_coarse_grid_is_caught(monkeypatch):
 # The batched branch and bound against the former one-row-per-call version
 
 
-def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0, batch=64):
-    """The former per-row ``wor_prefix_minimiser`` (one Python call per row, each row's branch and bound on its
-    own :class:`_PrefixInclusion`), kept here as the oracle."""
+def one_row_minimiser(target_mass, q_sorted, suffix, n, candidates, inclusion_bound, dust=0.0):
+    """One row alone on the per-row path (its trivial prefixes, then its branch and bound on its own
+    :class:`_PrefixInclusion`, rounds of ``PREFIX_BATCH``): the oracle of the rows-together evaluation."""
     inclusion = np.full(suffix.shape, np.nan)
-    inclusion[candidates & (suffix <= 0)] = 1.0
-    needed = candidates & (suffix > 0)
-    if dust == 0:
-        inclusion[:n][candidates[:n]] = 0.0
-        needed[:n] = False
-    reads = np.flatnonzero(needed)
-    if reads.size == 0:
-        return inclusion
-    evaluate = _PrefixInclusion(q_sorted, suffix, n, reads, dust)
-    evaluated = np.zeros(reads.size, dtype=bool)
-    undecided = np.ones(reads.size, dtype=bool)
-    chosen = np.unique(np.r_[np.linspace(0, reads.size - 1, batch).astype(np.int64), reads.size - 1])
-    while True:
-        inclusion[reads[chosen]] = evaluate(reads[chosen])
-        evaluated[chosen], undecided[chosen] = True, False
-        best = np.nanmin(target_mass - inclusion)
-        left = np.flatnonzero(undecided)
-        done = reads[evaluated]
-        following = done[np.searchsorted(done, reads[left])]
-        bound = target_mass[reads[left]] - np.minimum(inclusion_bound[reads[left]], inclusion[following])
-        undecided[left[bound >= best]] = False
-        left, bound = left[bound < best], bound[bound < best]
-        if left.size == 0:
-            return inclusion
-        spread = left[np.linspace(0, left.size - 1, min(batch, left.size)).astype(np.int64)]
-        chosen = np.unique(np.r_[spread, left[np.argmin(bound)]])
+    reads = _fill_trivial_prefixes(inclusion, suffix, n, candidates, dust > 0)
+    if reads.size:
+        _branch_and_bound(inclusion, reads, target_mass, q_sorted, suffix, n, inclusion_bound, dust)
+    return inclusion
 
 
 @st.composite
@@ -344,7 +324,7 @@ def test_minimiser_equals_one_row_runs_over_many_rounds_bit_for_bit(monkeypatch,
     dust = np.zeros(8)
     batched = wor.wor_prefix_minimiser(target, q, suffix, 4, candidates, bound, dust)
     for b in range(8):
-        expected = one_row_minimiser(target[b], q[b], suffix[b], 4, candidates[b], bound[b], batch=batch)
+        expected = one_row_minimiser(target[b], q[b], suffix[b], 4, candidates[b], bound[b])
         np.testing.assert_array_equal(batched[b], expected)
     assert np.count_nonzero(~np.isnan(batched) & (suffix > 0)) < 0.9 * np.count_nonzero(
         suffix > 0
