@@ -107,9 +107,10 @@ def cases(draw):
     return p, q, n
 
 
-def enumerated(v, q, n):
-    """Output law, selection marginal and acceptance of a built verifier, by enumerating draft tuples."""
-    tuples, probabilities = enumerate_drafts(q, n)
+def enumerated(v, q, n, draft="iid"):
+    """Output law, selection marginal and acceptance of a built verifier, by enumerating the draft tuples of
+    the law ``draft``."""
+    tuples, probabilities = enumerate_drafts(q, n, draft)
     conditional = v.conditional(tuples)
     selection = np.zeros(q.shape[-1])
     np.add.at(selection, tuples, probabilities[:, None] * v.selection(tuples))

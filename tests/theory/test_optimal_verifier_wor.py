@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.theory.test_optimal_verifier import degenerate_pairs, perturbed
+from tests.theory.test_optimal_verifier import degenerate_pairs, enumerated, perturbed
 from theory import check_lossless, optimal_acceptance, optimal_verifier, optimal_verifier_wor, strategies
 from theory.draft_laws import enumerate_drafts, sample_drafts
 
@@ -34,17 +34,6 @@ def cases(draw):
     return p, q, max(1, min(n, 4, int(np.count_nonzero(q))))
 
 
-def enumerated(v, q, n):
-    tuples, probabilities = enumerate_drafts(q, n, "wor")
-    conditional = v.conditional(tuples)
-    selection = np.zeros(q.shape[-1])
-    np.add.at(selection, tuples, probabilities[:, None] * v.selection(tuples))
-    in_drafts = np.zeros_like(conditional, dtype=bool)
-    np.put_along_axis(in_drafts, tuples, True, axis=1)
-    acceptance = float(probabilities @ np.sum(conditional * in_drafts, axis=1))
-    return probabilities @ conditional, selection, acceptance, tuples, probabilities
-
-
 def brute_force_optimum(p, q, n, tuples, probabilities):
     """alpha*_wor = 1 + min over all 2^V sets H of p(H) - P(every draft in H)."""
     vocab = p.shape[-1]
@@ -57,7 +46,7 @@ def brute_force_optimum(p, q, n, tuples, probabilities):
 def test_output_law_equals_target_by_enumeration(case):
     p, q, n = case
     v = optimal_verifier_wor(p, q, n)
-    output, _, _, _, _ = enumerated(v, q, n)
+    output, _, _ = enumerated(v, q, n, "wor")
     np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
 
 
@@ -76,7 +65,8 @@ TINY_TARGET_TOKEN = (
 def test_acceptance_reaches_the_without_replacement_optimum(case):
     p, q, n = case
     v = optimal_verifier_wor(p, q, n)
-    _, _, acceptance, tuples, probabilities = enumerated(v, q, n)
+    _, _, acceptance = enumerated(v, q, n, "wor")
+    tuples, probabilities = enumerate_drafts(q, n, "wor")
     assert abs(v.alpha_star - brute_force_optimum(p, q, n, tuples, probabilities)) <= 1e-12
     assert abs(v.alpha_star - optimal_acceptance(p, q, n, draft="wor")) <= 1e-9
     assert abs(acceptance - v.acceptance) <= 1e-12
@@ -87,7 +77,7 @@ def test_acceptance_reaches_the_without_replacement_optimum(case):
 def test_marginal_equals_the_enumerated_selection_marginal(case):
     p, q, n = case
     v = optimal_verifier_wor(p, q, n)
-    _, selection, _, _, _ = enumerated(v, q, n)
+    _, selection, _ = enumerated(v, q, n, "wor")
     np.testing.assert_allclose(v.marginal, selection, rtol=0, atol=1e-12)
 
 
