@@ -426,7 +426,7 @@ def run_apriori(
                         calibration=cal,
                     )
                     _write_json({"prompt": index, **record, "records": []}, path)
-            cal = calibrate_from_units(out, t, config, latency, calibration_half)
+            cal.overhead = overheads(out, t)  # the calibration itself is unchanged by the overhead units
             predictions = {
                 "temperature": t,
                 "planning": planning,
