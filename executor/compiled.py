@@ -53,11 +53,20 @@ def compiler_available() -> bool:
 
 
 def inductor_cache_dir() -> str:
-    """Where Inductor caches compiled graphs: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``$XDG_CACHE_HOME/specbound/inductor`` (``~/.cache/specbound/inductor``)."""
+    """Where Inductor caches compiled graphs: ``$TORCHINDUCTOR_CACHE_DIR`` when the user set it, else
+    ``$XDG_CACHE_HOME/specbound/inductor`` (``~/.cache/specbound/inductor``).
+
+    Importing ``torch._dynamo`` sets the variable to Inductor's default (``/tmp/torchinductor_$USER``), so that
+    value counts as unset.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     from executor.training.checkpoint import cache_root
 
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(cache_root() / "inductor")
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return chosen
+    return str(cache_root() / "inductor")
 
 
 def _fallback(model: Transformer, reason: str) -> Transformer:
@@ -110,16 +119,18 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
 def warm_up(model: Transformer, token_counts=(1, 2, 4, 8, 16, 32, 64), *, context: int = 16) -> float:
     """Run one forward per token count (after a ``context``-token prefill) so compilation happens now.
 
-    Returns the seconds spent. Needs an allocated KV cache with room for ``context + max(token_counts)``
-    slots; the cache content afterwards is garbage (positions are overwritten by the next prefill).
+    Returns the seconds spent. Needs an allocated KV cache of more than ``context + max(token_counts)`` slots:
+    a call whose key slots fill the whole cache is a graph of its own (its key view is contiguous), which no
+    decoder needs (``generate`` allocates one tree beyond its last position). The cache content afterwards is
+    garbage (positions are overwritten by the next prefill).
     """
     counts = sorted({int(n) for n in token_counts})
     if not counts or counts[0] < 1:
         raise ValueError(f"token_counts must be positive integers, got {token_counts!r}")
-    if model.cache_slots < context + counts[-1]:
+    if model.cache_slots <= context + counts[-1]:
         raise ValueError(
-            f"the KV cache has {model.cache_slots} slots; warm_up needs context + max(token_counts) = "
-            f"{context + counts[-1]}"
+            f"the KV cache has {model.cache_slots} slots; warm_up needs more than context + max(token_counts) "
+            f"= {context + counts[-1]}"
         )
     device = model.tok_embeddings.weight.device
     began = time.perf_counter()
@@ -143,7 +154,7 @@ def compile_and_warm_up(
     if model.step is None:
         return None
     counts = sorted({int(n) for n in token_counts})
-    if counts and model.cache_slots < context + counts[-1]:
-        model.setup_cache(context + counts[-1], model.cache_batch_size or 1)
+    if counts and model.cache_slots <= context + counts[-1]:
+        model.setup_cache(context + counts[-1] + 1, model.cache_batch_size or 1)
     seconds = warm_up(model, counts, context=context)
     return None if model.step is None else seconds

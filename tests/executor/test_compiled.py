@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from executor import compiled
 from executor.compiled import compile_and_warm_up, compile_model, inductor_cache_dir, warm_up
@@ -59,6 +60,8 @@ def test_compile_model_and_warm_up_reject_bad_input(tiny_model):
     model = tiny_model(0, max_seq_len=8)
     with pytest.raises(ValueError, match="slots"):
         warm_up(model, (1, 4), context=6)
+    with pytest.raises(ValueError, match="more than"):  # 6 + 2 = all 8 slots: a graph no decoder needs
+        warm_up(model, (1, 2), context=6)
     with pytest.raises(ValueError, match="token_counts"):
         warm_up(model, (0,), context=2)
 
@@ -76,9 +79,9 @@ def test_compile_and_warm_up_sets_up_a_cache_warms_every_size_and_reports_a_fall
     monkeypatch.setattr(compiled, "compiler_available", lambda: True)
     monkeypatch.setattr(torch, "compile", counting_compile)
     model = tiny_model(4, max_seq_len=64)
-    model.setup_cache(8)  # too small: compile_and_warm_up allocates context + max(sizes) slots
+    model.setup_cache(20)  # too small: compile_and_warm_up allocates context + max(sizes) + 1 slots
     seconds = compile_and_warm_up(model, (4, 1, 2))
-    assert seconds >= 0 and sizes == [16, 1, 2, 4] and model.cache_slots == 20
+    assert seconds >= 0 and sizes == [16, 1, 2, 4] and model.cache_slots == 21
     # No compiler: the model stays eager and the answer is None, not a time.
     monkeypatch.setattr(compiled, "compiler_available", lambda: False)
     assert compile_and_warm_up(tiny_model(4), (1,)) is None
@@ -111,12 +114,17 @@ def test_the_compile_cache_goes_next_to_the_drafters_unless_the_user_chose_a_dir
     tiny_model, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(compiled, "compiler_available", lambda: True)
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     expected = str(tmp_path / "specbound" / "inductor")
-    assert inductor_cache_dir() == expected
-    compile_model(tiny_model(0))  # torch.compile is lazy: nothing compiles until a call
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == expected
+    # Unset, or Inductor's default (which importing torch._dynamo writes into the environment): ours.
+    for value in (None, default_cache_dir()):
+        if value is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", value)
+        assert inductor_cache_dir() == expected
+        compile_model(tiny_model(0))  # torch.compile is lazy: nothing compiles until a call
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == expected
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     compile_model(tiny_model(0))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir() == str(tmp_path / "mine")
