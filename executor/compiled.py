@@ -5,12 +5,26 @@ we do the same to :meth:`executor.model.Transformer.layers_and_head`, the tensor
 embedding. Input checks, the RoPE table lookup and the mask stay eager (they read tensor values), so every
 decoder, drafter and rollback works unchanged on a compiled model.
 
-Shapes: the number of new tokens ``n`` and the number of key slots change from call to call. With
-``dynamic=True`` (the default) Inductor traces them as symbols and compiles one graph per code path (with and
-without a mask, per ``exit_layer``); with ``dynamic=False`` each ``(n, slots)`` pair is its own static graph,
-which suits a fixed bucket of verification sizes. :func:`warm_up` runs each bucket once so that compilation
-happens before timing. Inductor's on-disk FX-graph cache (``TORCHINDUCTOR_CACHE_DIR``, default under
-``/tmp/torchinductor_$USER``) makes later processes start faster.
+Shapes and recompiles: the number of new tokens ``n`` and the number of key slots change from call to call,
+and the KV cache's size from prompt to prompt (every ``generate`` allocates ``len(prompt) + max_new_tokens +
+one tree`` slots). With ``dynamic=True`` (the default) all three are traced as symbols, so one run compiles a
+bounded number of graphs whatever its number of prompts: one per code path -- the first call's shape (a
+prefill, whose key slots equal its tokens), one token without a mask, several tokens under a mask, and each
+``exit_layer`` an early-exit drafter uses (3 graphs for plain decoding plus prompt lookup). This rests on the
+cache tensors being plain attributes of :class:`executor.model.KVCache`, not registered buffers: Dynamo gives
+a module's buffers static shapes (``torch._dynamo.config.force_parameter_static_shapes``; ``mark_dynamic`` is
+ignored there), so with buffers every prompt failed the guard ``kv_cache.k size mismatch at index 2`` twice
+(with and without a mask) and the fifth prompt hit Dynamo's recompile limit of 8 (``TORCH_LOGS=recompiles``,
+on a tiny model and on SmolLM2, where each new cache size cost 133-173 s of compiling under load). That fix changes no computation, so eager results are bitwise unchanged; keeping
+an over-sized allocation or rounding slot counts up to buckets would have changed ``setup_cache``'s contract
+and still recompiled once per bucket. With ``dynamic=False`` each ``(n, slots, cache size)`` is its own static
+graph: for fixed-shape measurements only (a decoding run reaches the recompile limit within its first prompt).
+:func:`warm_up` runs each bucket once so that compilation happens before timing.
+
+Compile cache: Inductor's on-disk FX-graph cache lets a later process load the compiled graphs instead of
+compiling them again (Dynamo still traces the model). :func:`compile_model` points it at
+``$XDG_CACHE_HOME/specbound/inductor`` (next to the drafters) unless ``TORCHINDUCTOR_CACHE_DIR`` is set
+(Inductor's own default is ``/tmp/torchinductor_$USER``, which a reboot empties).
 
 Inductor needs a C++ compiler on the CPU. Where none is found, :func:`compile_model` prints one line and
 leaves the model eager; a backend failure at the first call does the same.
@@ -29,13 +43,30 @@ import torch._inductor.exc
 
 from executor.model import Transformer
 
-__all__ = ["compile_and_warm_up", "compile_model", "compiler_available", "warm_up"]
+__all__ = ["compile_and_warm_up", "compile_model", "compiler_available", "inductor_cache_dir", "warm_up"]
 
 
 def compiler_available() -> bool:
     """Whether a C++ compiler for Inductor's CPU code is on the ``PATH`` (``$CXX``, ``c++``, ``g++``, ``clang++``)."""
     names = [os.environ.get("CXX"), "c++", "g++", "clang++"]
     return any(name and shutil.which(name) for name in names)
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor caches compiled graphs: ``$TORCHINDUCTOR_CACHE_DIR`` when the user set it, else
+    ``$XDG_CACHE_HOME/specbound/inductor`` (``~/.cache/specbound/inductor``).
+
+    Importing ``torch._dynamo`` sets the variable to Inductor's default (``/tmp/torchinductor_$USER``), so that
+    value counts as unset.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from executor.training.checkpoint import cache_root
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return chosen
+    return str(cache_root() / "inductor")
 
 
 def _fallback(model: Transformer, reason: str) -> Transformer:
@@ -52,17 +83,21 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
     model : Transformer
         Compiled in place (``model.step`` is set); the weights and the KV cache are shared, not copied.
     dynamic : bool
-        Trace the token count and the slot count as symbols (one graph for all sizes) or specialise on each.
+        Trace the token count, the slot count and the KV cache's size as symbols (one graph per code path for
+        all sizes, the default) or specialise on each (module docstring).
     mode : str, optional
         ``torch.compile`` mode, e.g. ``"max-autotune"``; default Inductor's default.
 
     Without a C++ compiler (or when Inductor fails at the first call) the model stays eager and one line says
-    why on stderr. ``model.step = None`` undoes the compilation.
+    why on stderr. ``model.step = None`` undoes the compilation. Sets ``TORCHINDUCTOR_CACHE_DIR`` to
+    :func:`inductor_cache_dir` (a value already set is kept).
     """
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be an executor.model.Transformer, got {type(model).__name__}")
     if model.tok_embeddings.weight.device.type == "cpu" and not compiler_available():
         return _fallback(model, "torch.compile needs a C++ compiler and none was found")
+    # Inductor reads it when it compiles (its compile workers inherit it); set before the first compilation.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
     compiled = torch.compile(model.layers_and_head, dynamic=dynamic, fullgraph=True, mode=mode)
 
     def step(*args):
@@ -72,8 +107,8 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
             _fallback(model, f"torch.compile failed: {str(error).splitlines()[0]}")
             return model.layers_and_head(*args)
         except torch._dynamo.exc.FailOnRecompileLimitHit as error:
-            # fullgraph=True turns Dynamo's recompile limit into an error (seen when every prompt of a run
-            # reallocated the KV cache with a new size); eager from here on rather than a crash mid-run.
+            # fullgraph=True turns Dynamo's recompile limit into an error (it was hit when the cache size was a
+            # static shape, see the module docstring); eager from here on rather than a crash mid-run.
             _fallback(model, f"torch.compile hit its recompile limit: {str(error).splitlines()[0]}")
             return model.layers_and_head(*args)
 
@@ -84,16 +119,18 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
 def warm_up(model: Transformer, token_counts=(1, 2, 4, 8, 16, 32, 64), *, context: int = 16) -> float:
     """Run one forward per token count (after a ``context``-token prefill) so compilation happens now.
 
-    Returns the seconds spent. Needs an allocated KV cache with room for ``context + max(token_counts)``
-    slots; the cache content afterwards is garbage (positions are overwritten by the next prefill).
+    Returns the seconds spent. Needs an allocated KV cache of more than ``context + max(token_counts)`` slots:
+    a call whose key slots fill the whole cache is a graph of its own (its key view is contiguous), which no
+    decoder needs (``generate`` allocates one tree beyond its last position). The cache content afterwards is
+    garbage (positions are overwritten by the next prefill).
     """
     counts = sorted({int(n) for n in token_counts})
     if not counts or counts[0] < 1:
         raise ValueError(f"token_counts must be positive integers, got {token_counts!r}")
-    if model.cache_slots < context + counts[-1]:
+    if model.cache_slots <= context + counts[-1]:
         raise ValueError(
-            f"the KV cache has {model.cache_slots} slots; warm_up needs context + max(token_counts) = "
-            f"{context + counts[-1]}"
+            f"the KV cache has {model.cache_slots} slots; warm_up needs more than context + max(token_counts) "
+            f"= {context + counts[-1]}"
         )
     device = model.tok_embeddings.weight.device
     began = time.perf_counter()
@@ -117,7 +154,7 @@ def compile_and_warm_up(
     if model.step is None:
         return None
     counts = sorted({int(n) for n in token_counts})
-    if counts and model.cache_slots < context + counts[-1]:
-        model.setup_cache(context + counts[-1], model.cache_batch_size or 1)
+    if counts and model.cache_slots <= context + counts[-1]:
+        model.setup_cache(context + counts[-1] + 1, model.cache_batch_size or 1)
     seconds = warm_up(model, counts, context=context)
     return None if model.step is None else seconds

@@ -158,14 +158,23 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache(nn.Module):
-    """Static per-layer key/value storage, shape ``(batch, n_kv_heads, slots, head_dim)``, written by slot."""
+    """Static per-layer key/value storage, shape ``(batch, n_kv_heads, slots, head_dim)``, written by slot.
+
+    ``k`` and ``v`` are plain tensor attributes, not registered buffers (run-time state, never in a state dict):
+    ``torch.compile`` gives a module's buffers static shapes, so every cache size would be a new graph
+    (``executor.compiled``). :meth:`_apply` still moves them with ``.to()`` like buffers.
+    """
 
     def __init__(self, batch_size: int, n_kv_heads: int, slots: int, head_dim: int, *, dtype, device) -> None:
         super().__init__()
         shape = (batch_size, n_kv_heads, slots, head_dim)
-        # Not persistent: the cache is run-time state, never part of a checkpoint.
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.k, self.v = fn(self.k), fn(self.v)
+        return self
 
     def write(self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k.index_copy_(2, cache_positions, k)

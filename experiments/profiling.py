@@ -178,7 +178,9 @@ def profile_costs(
 
     hidden = drafter is not None and getattr(drafter, "needs_target_hidden", False)
     with torch.no_grad():
-        model.setup_cache(slots)
+        # One spare slot: no timed call fills the whole cache, which a compiled model (executor.compiled)
+        # would compile as a graph of its own inside the timing.
+        model.setup_cache(slots + 1)
         out = model(
             torch.tensor([context[:-1]], device=device),
             torch.arange(committed, device=device),

@@ -1,13 +1,20 @@
 """Tests of the opt-in compiled step: the one-line eager fallback (no compiler, or a failing backend), input
-checks, warm-up bounds and, on a tiny model, compiled logits equal to eager ones (slow: Inductor compiles)."""
+checks, warm-up bounds, the compile cache's directory and, on a tiny model, compiled logits equal to eager ones
+and a multi-prompt run that compiles nothing after its first prompt (slow: Inductor compiles)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from executor import compiled
-from executor.compiled import compile_and_warm_up, compile_model, warm_up
+from executor.compiled import compile_and_warm_up, compile_model, inductor_cache_dir, warm_up
+from executor.decoders import AutoregressiveDecoder, ChainDecoder
+from executor.drafters import PromptLookupDrafter
 
 
 def test_without_a_compiler_the_model_stays_eager_with_one_line(tiny_model, monkeypatch, capsys):
@@ -53,6 +60,8 @@ def test_compile_model_and_warm_up_reject_bad_input(tiny_model):
     model = tiny_model(0, max_seq_len=8)
     with pytest.raises(ValueError, match="slots"):
         warm_up(model, (1, 4), context=6)
+    with pytest.raises(ValueError, match="more than"):  # 6 + 2 = all 8 slots: a graph no decoder needs
+        warm_up(model, (1, 2), context=6)
     with pytest.raises(ValueError, match="token_counts"):
         warm_up(model, (0,), context=2)
 
@@ -70,9 +79,9 @@ def test_compile_and_warm_up_sets_up_a_cache_warms_every_size_and_reports_a_fall
     monkeypatch.setattr(compiled, "compiler_available", lambda: True)
     monkeypatch.setattr(torch, "compile", counting_compile)
     model = tiny_model(4, max_seq_len=64)
-    model.setup_cache(8)  # too small: compile_and_warm_up allocates context + max(sizes) slots
+    model.setup_cache(20)  # too small: compile_and_warm_up allocates context + max(sizes) + 1 slots
     seconds = compile_and_warm_up(model, (4, 1, 2))
-    assert seconds >= 0 and sizes == [16, 1, 2, 4] and model.cache_slots == 20
+    assert seconds >= 0 and sizes == [16, 1, 2, 4] and model.cache_slots == 21
     # No compiler: the model stays eager and the answer is None, not a time.
     monkeypatch.setattr(compiled, "compiler_available", lambda: False)
     assert compile_and_warm_up(tiny_model(4), (1,)) is None
@@ -99,3 +108,57 @@ def test_compiled_logits_equal_eager_on_a_tiny_model_with_tree_masks(tiny_model)
     ]
     for args, kwargs in calls:
         torch.testing.assert_close(model(*args, **kwargs), eager(*args, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+def test_the_compile_cache_goes_next_to_the_drafters_unless_the_user_chose_a_directory(
+    tiny_model, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(compiled, "compiler_available", lambda: True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    expected = str(tmp_path / "specbound" / "inductor")
+    # Unset, or Inductor's default (which importing torch._dynamo writes into the environment): ours.
+    for value in (None, default_cache_dir()):
+        if value is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", value)
+        assert inductor_cache_dir() == expected
+        compile_model(tiny_model(0))  # torch.compile is lazy: nothing compiles until a call
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == expected
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    compile_model(tiny_model(0))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir() == str(tmp_path / "mine")
+
+
+@pytest.mark.slow
+def test_a_compiled_run_over_prompts_of_different_lengths_compiles_no_graph_after_the_first_prompt(
+    tiny_model,
+):
+    # Dynamo's code cache and counters are per process: start from none, as a new process would.
+    torch._dynamo.reset()
+    counters.clear()
+    model, eager = tiny_model(5, max_seq_len=96), tiny_model(5, max_seq_len=96)
+    compile_model(model)
+    # The first prompt ends in an n-gram seen before, so prompt lookup drafts (a masked pass) on it too.
+    prompts = [
+        [1, 2, 3, 4, 5, 1, 2, 3],
+        [6, 7, 8, 6, 7, 8, 6, 7, 8, 9, 10, 11, 6, 7],
+        [2, 3, 2, 3],
+        [9, 1, 9, 1, 9, 1, 2, 4, 9, 1, 9, 1, 5, 6, 7, 8, 9, 1, 2, 3, 9],
+        [4, 4, 5, 11, 4, 4],
+    ]
+
+    def decoders(target):
+        return [AutoregressiveDecoder(target), ChainDecoder(target, PromptLookupDrafter(), gamma=3)]
+
+    graphs, slots, drafted = [], set(), 0
+    for prompt in prompts:
+        for ours, theirs in zip(decoders(model), decoders(eager), strict=True):
+            result = ours.generate(prompt, 10)
+            assert result.token_ids == theirs.generate(prompt, 10).token_ids
+            slots.add(model.cache_slots)
+            drafted += sum(len(step.tokens) - 1 for step in result.steps)
+        graphs.append(counters["stats"]["unique_graphs"])
+    # Ten KV caches of ten sizes, prompt lookup drafted, and the graphs of the first prompt served them all.
+    assert len(slots) == 2 * len(prompts) and drafted > 0 and model.step is not None
+    assert graphs[0] >= 2 and graphs == [graphs[0]] * len(prompts)

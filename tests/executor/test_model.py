@@ -351,6 +351,16 @@ def test_setup_cache_uses_parameter_dtype_and_shape(tiny_model):
     assert k.dtype == torch.float64 and k.shape == (2, 2, 10, model.config.head_dim)
 
 
+def test_the_kv_cache_moves_with_the_model_like_a_buffer(tiny_model):
+    # k and v are plain attributes (executor.compiled: torch.compile would give buffers static shapes).
+    model = tiny_model(0)
+    model.layers[0].attention.kv_cache.k.fill_(1.5)
+    model.to(torch.float64)
+    caches = [layer.attention.kv_cache for layer in model.layers]
+    assert all(c.k.dtype == c.v.dtype == torch.float64 for c in caches)
+    assert bool((caches[0].k == 1.5).all()) and not any("cache" in name for name in model.state_dict())
+
+
 # --- bad input ---------------------------------------------------------------------------------------------
 
 
