@@ -27,6 +27,7 @@ grouped bucket is nearly tight, whatever the order there). Only the items are so
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +58,25 @@ class Items:
     item: np.ndarray
     p_tokens: np.ndarray
     q_tokens: np.ndarray
+
+
+_WORKSPACE = threading.local()
+
+
+def scratch(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two reusable ``(size,)`` float64 arrays of this thread (contents undefined), for vocabulary-sized
+    temporaries that never leave a build.
+
+    A fresh 400 kB array is handed out by ``mmap`` or a freshly trimmed heap and costs ~100 page faults on
+    first touch (measured 0.5--1.3 ms of system time per V = 49152 build); arrays kept from one build to the
+    next are touched once. They grow to the largest ``size`` seen and are per thread, so concurrent builds do
+    not share them.
+    """
+    arrays = getattr(_WORKSPACE, "arrays", None)
+    if arrays is None or arrays[0].shape[0] < size:
+        arrays = (np.empty(size), np.empty(size))
+        _WORKSPACE.arrays = arrays
+    return arrays[0][:size], arrays[1][:size]
 
 
 def _edge(keys: np.ndarray) -> np.ndarray:
@@ -115,9 +135,11 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     item of every token is known before the item masses are summed, so each item's mass is one bincount of
     its own tokens.
     """
-    fine = np.divide(ps, qs).view(np.int64)
+    fine_buffer, coarse_buffer = scratch(ps.shape[0])  # no fresh vocabulary-sized temporaries
+    fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
     np.right_shift(fine, _SHIFT, out=fine)  # the ratio's top bits: monotone in the ratio
-    coarse = fine >> (FINE_BITS - COARSE_BITS)  # < 2**15: bincounts over absolute keys stay small
+    # < 2**15: bincounts over absolute keys stay small
+    coarse = np.right_shift(fine, FINE_BITS - COARSE_BITS, out=coarse_buffer.view(np.int64))
     count = np.bincount(coarse)
     coarse_p = np.bincount(coarse, weights=ps, minlength=count.shape[0])
     coarse_q = np.bincount(coarse, weights=qs, minlength=count.shape[0])
@@ -155,7 +177,7 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     slot_high = _edge(used + np.where(coarse_slot, _SPLIT, 1))
     ok = _groupable(slot_p, slot_q, slot_low, width, n, tight)
     # Heavy tokens stay single wherever they are; every token of a slot that cannot be grouped is single.
-    heavy = np.flatnonzero(np.maximum(ps, qs) >= group_below)
+    heavy = np.flatnonzero((ps >= group_below) | (qs >= group_below))
     heavy_slot = np.searchsorted(used, fine[heavy], side="right") - 1
     heavy_in_group = ok[heavy_slot]
     grouped_count = np.where(ok, slot_count - np.bincount(heavy_slot[heavy_in_group], minlength=slots), 0)

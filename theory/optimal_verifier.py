@@ -417,8 +417,9 @@ def _build_items(items: _buckets.Items, n: int):
                     items, a, b, slack[a:b], low_mass[index], selected[index], n, bins
                 )
         # r_y = q_y r_i / q_i: a group's tokens share its selection in proportion to q (exact for a single).
-        r = items.q_tokens * (r_items / qs)[items.item]
-        return r, float(np.minimum(items.p_tokens, r).sum())
+        r = np.take(r_items / qs, items.item)
+        r *= items.q_tokens
+        return r, float(np.minimum(items.p_tokens, r, out=_buckets.scratch(r.shape[0])[0]).sum())
 
     r, accepted = fit(BINS)
     if alpha - accepted > RETRY_SHORTFALL and size > MAX_OWN_UNITS:

@@ -162,3 +162,33 @@ def test_units_straddling_a_nearly_tight_prefix_are_split_to_reach_alpha_star():
         assert optimal_verifier(*pairs[3], 2).shortfall > 1e-8
     finally:
         module._chain_violations = chain
+
+
+def test_reused_scratch_arrays_do_not_leak_between_builds_or_threads():
+    """The build keeps its vocabulary-sized temporaries in per-thread scratch arrays (``_buckets.scratch``):
+    builds of other pairs and sizes in between, or in other threads at the same time, must not change a
+    build's tables; and the arrays are reused, not made afresh (the point of them)."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    pairs = [lm_like_pair(rng, vocab) for vocab in (30_000, 12_000, 30_000)]
+    first = [module.optimal_tables(p, q, 4) for p, q in pairs]
+    assert buckets.scratch(30_000)[0].base is buckets.scratch(12_000)[0].base
+    results = {}
+
+    def build(index):
+        p, q = pairs[index % 3]
+        results[index] = [module.optimal_tables(p, q, 4) for _ in range(3)]
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, tables in results.items():
+        for table in tables:
+            expected = first[index % 3]
+            assert np.array_equal(table.marginal, expected.marginal)
+            assert np.array_equal(table.item, expected.item)
+            assert np.array_equal(table.item_log_weight, expected.item_log_weight)
+            assert table.acceptance == expected.acceptance
