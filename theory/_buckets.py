@@ -36,6 +36,9 @@ import numpy as np
 COARSE_BITS, FINE_BITS = 3, 8
 _SPLIT = 1 << (FINE_BITS - COARSE_BITS)  # fine buckets per coarse bucket
 _SHIFT = 52 - FINE_BITS
+#: Coarse key of the tokens with ``q = 0`` (:func:`bucketed`'s ``absent``): above every ratio's, inf and nan
+#: included (``0x7FF8...`` >> 49 = 16380).
+_ABSENT = (1 << (64 - _SHIFT - (FINE_BITS - COARSE_BITS) - 1)) - 1
 #: Absolute margin on the grouping test, far above the round-off of the bucket-level gaps.
 MARGIN = 1e-14
 
@@ -122,8 +125,11 @@ def _groupable(bucket_p, bucket_q, edge, width, n: int, tight: float) -> np.ndar
     return slack > between
 
 
-def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float) -> Items:
+def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float, absent=None) -> Items:
     """Items for a support with masses ``ps``, ``qs`` (``qs > 0``): see the module docstring.
+
+    ``absent``: indices of tokens with ``q = 0``, for a whole row passed as it is (no copy of its support):
+    they join no item and get the item index one past the last; every item is the same as for the support.
 
     Two levels: coarse buckets (:data:`COARSE_BITS`), then the coarse buckets that cannot be grouped are
     split into their fine buckets (:data:`FINE_BITS`, relative width ``2**-FINE_BITS``) and the test is rerun
@@ -136,19 +142,28 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     its own tokens.
     """
     fine_buffer, coarse_buffer = scratch(ps.shape[0])  # no fresh vocabulary-sized temporaries
-    fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
+    missing = absent is not None and absent.shape[0] > 0
+    if missing:
+        with np.errstate(divide="ignore", invalid="ignore"):  # p/0 = inf, 0/0 = nan: rekeyed below
+            fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
+    else:
+        fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
     np.right_shift(fine, _SHIFT, out=fine)  # the ratio's top bits: monotone in the ratio
     # < 2**15: bincounts over absolute keys stay small
     coarse = np.right_shift(fine, FINE_BITS - COARSE_BITS, out=coarse_buffer.view(np.int64))
+    if missing:
+        coarse[absent] = _ABSENT  # the last key: its bucket is dropped from every test and item
     count = np.bincount(coarse)
     coarse_p = np.bincount(coarse, weights=ps, minlength=count.shape[0])
     coarse_q = np.bincount(coarse, weights=qs, minlength=count.shape[0])
-    nonempty = np.flatnonzero(count)
+    nonempty = np.flatnonzero(count[:_ABSENT] if missing else count)
     nonempty_ok = _groupable(
         coarse_p[nonempty], coarse_q[nonempty], _edge(nonempty * _SPLIT), 2.0**-COARSE_BITS, n, tight
     )
     coarse_ok = np.zeros(count.shape[0], dtype=bool)
     coarse_ok[nonempty[nonempty_ok]] = True
+    if missing:
+        coarse_ok[_ABSENT] = True  # never split
     # Tokens of the coarse buckets to split, and their fine keys (only these tokens are visited).
     if nonempty_ok.all():
         split = np.zeros(0, dtype=np.int64)
@@ -178,6 +193,8 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     ok = _groupable(slot_p, slot_q, slot_low, width, n, tight)
     # Heavy tokens stay single wherever they are; every token of a slot that cannot be grouped is single.
     heavy = np.flatnonzero((ps >= group_below) | (qs >= group_below))
+    if missing:
+        heavy = heavy[qs[heavy] > 0]
     heavy_slot = np.searchsorted(used, fine[heavy], side="right") - 1
     heavy_in_group = ok[heavy_slot]
     grouped_count = np.where(ok, slot_count - np.bincount(heavy_slot[heavy_in_group], minlength=slots), 0)
@@ -186,9 +203,12 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     # Item positions: each slot's group first, then its singles in ratio order.
     first = np.concatenate([[0], np.cumsum(has_group + single_count)])[:-1]
     group_item = np.where(has_group, first, -1)
+    items = int(first[-1] + has_group[-1] + single_count[-1]) if slots else 0
     # Every token's group item (-1: single), by one gather over the coarse keys; split tokens patched.
     coarse_item = np.full(count.shape[0], -1, dtype=np.int64)
     coarse_item[whole] = group_item[coarse_slot]
+    if missing:
+        coarse_item[_ABSENT] = items
     item = coarse_item[coarse]
     item[split] = group_item[fine_number[split_inverse]]
     item[heavy] = -1
@@ -202,9 +222,8 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     rank = np.arange(singles.shape[0]) - slot_start[single_slot]
     single_item = first[single_slot] + has_group[single_slot] + rank
     item[singles] = single_item
-    items = int(first[-1] + has_group[-1] + single_count[-1]) if slots else 0
-    item_p = np.bincount(item, weights=ps, minlength=items)
-    item_q = np.bincount(item, weights=qs, minlength=items)
+    item_p = np.bincount(item, weights=ps, minlength=items + missing)[:items]
+    item_q = np.bincount(item, weights=qs, minlength=items + missing)[:items]
     is_single = np.ones(items, dtype=bool)
     groups = group_item[has_group]
     is_single[groups] = False

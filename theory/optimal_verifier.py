@@ -363,18 +363,23 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     vocab = p.shape[-1]
     positive = q > 0
     full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
-    support = None if full else np.flatnonzero(positive)
     if n == 1:
         class_id = np.where(positive, 0, -1)
         log_weight = np.where(positive, 0.0, -np.inf)
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
-    ps, qs = (p, q) if full else (p[support], q[support])
-    if group_below > 0:
-        built = _build_items(_buckets.bucketed(ps, qs, n, group_below, TIGHT), n)
+    built = None
+    if group_below > 0:  # the whole row, tokens with q = 0 left out by bucketed (no copy of the support)
+        absent = None if full else np.flatnonzero(~positive)
+        built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n)
         if built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
-            built = _build_items(_buckets.singletons(ps, qs), n)
-    else:
+            built = None
+        elif not full:  # tokens with q = 0 already point at one extra item (class -1, weight 0)
+            r, classes, logs, item, accepted, alpha, minimiser = built
+            return _Tables(r, np.r_[classes, -1], np.r_[logs, -np.inf], accepted, alpha, minimiser, item)
+    support = None if full else np.flatnonzero(positive)
+    if built is None:
+        ps, qs = (p, q) if full else (p[support], q[support])
         built = _build_items(_buckets.singletons(ps, qs), n)
     r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:
@@ -417,7 +422,9 @@ def _build_items(items: _buckets.Items, n: int):
                     items, a, b, slack[a:b], low_mass[index], selected[index], n, bins
                 )
         # r_y = q_y r_i / q_i: a group's tokens share its selection in proportion to q (exact for a single).
-        r = np.take(r_items / qs, items.item)
+        scale = np.zeros(size + 1)  # item ``size``: tokens with q = 0 in a whole row (r = 0)
+        np.divide(r_items, qs, out=scale[:size])
+        r = np.take(scale, items.item)
         r *= items.q_tokens
         return r, float(np.minimum(items.p_tokens, r, out=_buckets.scratch(r.shape[0])[0]).sum())
 

@@ -192,3 +192,28 @@ def test_reused_scratch_arrays_do_not_leak_between_builds_or_threads():
             assert np.array_equal(table.item, expected.item)
             assert np.array_equal(table.item_log_weight, expected.item_log_weight)
             assert table.acceptance == expected.acceptance
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_whole_row_with_absent_tokens_gives_the_items_of_its_support(n):
+    """Tokens with q = 0 (p > 0 or p = 0) passed in place as ``absent`` join no item and point one past the
+    last; every item, bound and token map equals the build on the copied support, and so do the tables."""
+    rng = np.random.default_rng(n)
+    p, q = lm_like_pair(rng, 30_000)
+    zero = rng.choice(30_000, size=40, replace=False)
+    q[zero] = 0.0
+    p[zero[:5]] = 0.0  # 0/0 ratios too
+    p, q = p / p.sum(), q / q.sum()
+    support = np.flatnonzero(q > 0)
+    whole = buckets.bucketed(p, q, n, module.GROUP_BELOW, module.TIGHT, absent=np.flatnonzero(q == 0))
+    part = buckets.bucketed(p[support], q[support], n, module.GROUP_BELOW, module.TIGHT)
+    for name in ("p", "q", "low", "high", "single", "count"):
+        assert np.array_equal(getattr(whole, name), getattr(part, name)), name
+    assert np.array_equal(whole.item[support], part.item)
+    assert np.all(whole.item[q == 0] == part.p.shape[0])
+    built = module.optimal_tables(p, q, n)
+    assert np.all(built.marginal[q == 0] == 0.0) and np.all(built.class_id[q == 0] == -1)
+    reference = optimal_verifier(p, q, n, group_below=0.0)
+    assert built.alpha_star == pytest.approx(reference.alpha_star, abs=1e-13)
+    assert built.alpha_star - built.acceptance <= 1e-12
+    assert abs(built.marginal.sum() - 1.0) <= 1e-12
