@@ -28,8 +28,8 @@ each token its own unit in small classes; in large ones the capped tokens form o
 fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
 build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
 
-Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of :data:`BLOCK` tokens, the
-block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
+Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of
+:data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
 comes from the piecewise-linear fill, not a bisection (which loses all resolution at :math:`\max p/q \sim
 10^{20}`).
 """
@@ -42,7 +42,8 @@ from functools import cached_property
 import numpy as np
 
 from theory import _buckets
-from theory._race import fit_log_weights, single_threaded_blas
+from theory._buckets import prefix_sums
+from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
@@ -60,8 +61,6 @@ BINS, RETRY_BINS = 96, 384
 RETRY_SHORTFALL = 1e-9
 #: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
 GROUP_BELOW = OWN_UNIT_MASS
-#: Block length of the prefix sums.
-BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -334,31 +333,6 @@ def _scalar(value: np.ndarray):
 # Build of one row
 
 
-def _prefix_sums(values: np.ndarray) -> np.ndarray:
-    """``[0, v_0, v_0 + v_1, ...]`` in float64, accurate to a few ulps: float64 sums inside blocks of
-    :data:`BLOCK`, block offsets summed in extended precision and rounded once (a plain cumulative sum over
-    5e4 tokens drifts by ~6e-14)."""
-    size = values.shape[0]
-    padded = np.zeros(-(-size // BLOCK) * BLOCK)
-    padded[:size] = values
-    blocks = padded.reshape(-1, BLOCK)
-    inner = np.cumsum(blocks, axis=1)
-    offsets = np.zeros(blocks.shape[0], dtype=np.longdouble)
-    offsets[1:] = np.cumsum(inner[:, -1].astype(np.longdouble))[:-1]
-    out = np.empty(size + 1)
-    out[0] = 0.0
-    out[1:] = (inner + offsets.astype(np.float64)[:, None]).ravel()[:size]
-    return out
-
-
-def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: int) -> np.ndarray:
-    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum (no cancellation)."""
-    total = np.zeros_like(high)
-    for j in range(n):
-        total = total + high**j * low ** (n - 1 - j)
-    return mass * total
-
-
 def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tables:
     vocab = p.shape[-1]
     positive = q > 0
@@ -396,8 +370,8 @@ def _build_items(items: _buckets.Items, n: int):
     support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens."""
     ps, qs = items.p, items.q
     size = ps.shape[0]
-    target_mass = _prefix_sums(ps)
-    draft_mass = np.minimum(_prefix_sums(qs), 1.0)
+    target_mass = prefix_sums(ps)
+    draft_mass = np.minimum(prefix_sums(qs), 1.0)
     gap = target_mass - draft_mass**n
     best = gap.min()
     alpha = float(np.clip(1.0 + best, 0.0, 1.0))
