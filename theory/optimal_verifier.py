@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from theory import _buckets
-from theory._buckets import prefix_sums
+from theory._buckets import head_sums, prefix_sums, tail_sums
 from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
@@ -350,7 +350,9 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
             built = None
         elif not full:  # tokens with q = 0 already point at one extra item (class -1, weight 0)
             r, classes, logs, item, accepted, alpha, minimiser = built
-            return _Tables(r, np.r_[classes, -1], np.r_[logs, -np.inf], accepted, alpha, minimiser, item)
+            return _Tables(
+                r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item
+            )
     support = None if full else np.flatnonzero(positive)
     if built is None:
         ps, qs = (p, q) if full else (p[support], q[support])
@@ -362,7 +364,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     r = np.zeros(vocab)
     item = np.full(vocab, classes.shape[0], dtype=np.int64)
     r[support], item[support] = r_support, item_support
-    return _Tables(r, np.r_[classes, -1], np.r_[logs, -np.inf], accepted, alpha, minimiser, item)
+    return _Tables(r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item)
 
 
 def _build_items(items: _buckets.Items, n: int):
@@ -376,10 +378,10 @@ def _build_items(items: _buckets.Items, n: int):
     best = gap.min()
     alpha = float(np.clip(1.0 + best, 0.0, 1.0))
     cuts = np.flatnonzero(gap <= best + TIGHT)
-    minimiser = int(np.r_[0, np.cumsum(items.count)][cuts[np.argmin(gap[cuts])]])
+    minimiser = int(head_sums(items.count)[cuts[np.argmin(gap[cuts])]])
     # Slack of each item: how far the gap at the nearer of its two prefixes is above the minimum.
     slack = np.minimum(gap[:-1], gap[1:]) - best
-    bounds = np.unique(np.r_[0, cuts, size])
+    bounds = np.unique(np.concatenate(([0], cuts, [size])))
     lows, highs = bounds[:-1], bounds[1:]
     low_mass, high_mass = draft_mass[lows], draft_mass[highs]
     class_q = np.add.reduceat(qs, lows)
@@ -422,10 +424,9 @@ def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool)
     ``inf`` when even :math:`\sum \rho_i w_i` falls short. Otherwise the mirror image (``-inf`` if too much).
     """
     size = ratio.shape[0]
-    head_p = np.r_[0.0, np.cumsum(ratio * weight)]
-    head_q = np.r_[0.0, np.cumsum(weight)]
-    tail_p = np.r_[np.cumsum((ratio * weight)[::-1])[::-1], 0.0]
-    tail_q = np.r_[np.cumsum(weight[::-1])[::-1], 0.0]
+    product = ratio * weight
+    head_p, head_q = head_sums(product), head_sums(weight)
+    tail_p, tail_q = tail_sums(product), tail_sums(weight)
     if above:
         at_breaks = head_p[1:] + ratio * tail_q[1:]
         below = int(np.searchsorted(at_breaks, mass, side="left"))
@@ -527,7 +528,7 @@ def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, ab
     if above:
         deficit = _power_difference(lower + head_q, np.full_like(head_q, lower), head_q, n) - head_t
     else:
-        rest = np.r_[np.cumsum(unit_q[order][::-1])[::-1][1:], 0.0]  # Q(C \ T_k) as a sum
+        rest = tail_sums(unit_q[order])[1:]  # Q(C \ T_k) as a sum
         deficit = head_t - (mass - _power_difference(lower + rest, np.full_like(rest, lower), rest, n))
     bad = np.flatnonzero(deficit > 1e-15 * mass)
     wrong = np.zeros(unit_q.shape[0], dtype=bool)
