@@ -458,14 +458,23 @@ def _units(ps: np.ndarray, qs: np.ndarray, slack: np.ndarray, bins: int) -> np.n
         with np.errstate(divide="ignore"):
             log_ratio = np.log(ps[light] / qs[light])
         finite = np.isfinite(log_ratio)
-        low = log_ratio[finite].min() if finite.any() else 0.0
-        high = log_ratio[finite].max() if finite.any() else 0.0
+        values = log_ratio if finite.all() else log_ratio[finite]
+        low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
         edges = np.linspace(low, high, bins + 1)[1:-1]
         ratio_bin = np.where(finite, np.searchsorted(edges, log_ratio) + 1, 0)
         octave = np.floor(4.0 * np.log2(np.maximum(slack[light], TIGHT) / TIGHT)).astype(np.int64)
         labels[light] = heavy.size + ratio_bin * 512 + np.minimum(octave, 511)
-    _, labels = np.unique(labels, return_inverse=True)
-    return labels
+    return _compact(labels)
+
+
+def _compact(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered ``0, 1, ...`` in increasing order: ``np.unique(labels, return_inverse=True)[1]``
+    as one sort, a comparison and a search (about 60% of ``np.unique``'s cost at these sizes)."""
+    ordered = np.sort(labels)
+    first = np.empty(ordered.shape[0], dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return np.searchsorted(ordered[first], labels)
 
 
 def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, bins: int):
@@ -508,7 +517,7 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
                 break
             split = wrong[labels]
             labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
-            _, labels = np.unique(labels, return_inverse=True)
+            labels = _compact(labels)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
     unit_target *= mass / unit_target.sum()
@@ -549,7 +558,7 @@ def _unit_targets(labels, qs, ratio, capped, mass: float, above: bool):
     if np.isfinite(level):
         unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
         at_level = extreme >= level if above else extreme <= level
-        _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
+        relabel = _compact(np.where(at_level, -1, np.arange(unit_q.shape[0])))
         unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
         labels = relabel[labels]
         return labels, np.bincount(labels, weights=qs), unit_target

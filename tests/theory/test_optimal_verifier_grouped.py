@@ -13,6 +13,7 @@ import importlib
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.theory.test_optimal_verifier import brute_force_optimum, cases, enumerated
 from theory import optimal_acceptance, optimal_verifier
@@ -217,3 +218,9 @@ def test_a_whole_row_with_absent_tokens_gives_the_items_of_its_support(n):
     assert built.alpha_star == pytest.approx(reference.alpha_star, abs=1e-13)
     assert built.alpha_star - built.acceptance <= 1e-12
     assert abs(built.marginal.sum() - 1.0) <= 1e-12
+
+
+@given(st.lists(st.integers(-5, 10**6), min_size=1, max_size=300))
+def test_unit_labels_are_compacted_as_np_unique_does(labels):
+    labels = np.array(labels, dtype=np.int64)
+    assert np.array_equal(module._compact(labels), np.unique(labels, return_inverse=True)[1])
