@@ -28,8 +28,8 @@ each token its own unit in small classes; in large ones the capped tokens form o
 fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
 build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
 
-Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of :data:`BLOCK` tokens, the
-block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
+Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of
+:data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
 comes from the piecewise-linear fill, not a bisection (which loses all resolution at :math:`\max p/q \sim
 10^{20}`).
 """
@@ -42,7 +42,8 @@ from functools import cached_property
 import numpy as np
 
 from theory import _buckets
-from theory._race import fit_log_weights, single_threaded_blas
+from theory._buckets import head_sums, prefix_sums, tail_sums
+from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
@@ -60,8 +61,6 @@ BINS, RETRY_BINS = 96, 384
 RETRY_SHORTFALL = 1e-9
 #: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
 GROUP_BELOW = OWN_UNIT_MASS
-#: Block length of the prefix sums.
-BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -334,47 +333,29 @@ def _scalar(value: np.ndarray):
 # Build of one row
 
 
-def _prefix_sums(values: np.ndarray) -> np.ndarray:
-    """``[0, v_0, v_0 + v_1, ...]`` in float64, accurate to a few ulps: float64 sums inside blocks of
-    :data:`BLOCK`, block offsets summed in extended precision and rounded once (a plain cumulative sum over
-    5e4 tokens drifts by ~6e-14)."""
-    size = values.shape[0]
-    padded = np.zeros(-(-size // BLOCK) * BLOCK)
-    padded[:size] = values
-    blocks = padded.reshape(-1, BLOCK)
-    inner = np.cumsum(blocks, axis=1)
-    offsets = np.zeros(blocks.shape[0], dtype=np.longdouble)
-    offsets[1:] = np.cumsum(inner[:, -1].astype(np.longdouble))[:-1]
-    out = np.empty(size + 1)
-    out[0] = 0.0
-    out[1:] = (inner + offsets.astype(np.float64)[:, None]).ravel()[:size]
-    return out
-
-
-def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: int) -> np.ndarray:
-    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum (no cancellation)."""
-    total = np.zeros_like(high)
-    for j in range(n):
-        total = total + high**j * low ** (n - 1 - j)
-    return mass * total
-
-
 def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tables:
     vocab = p.shape[-1]
     positive = q > 0
     full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
-    support = None if full else np.flatnonzero(positive)
     if n == 1:
         class_id = np.where(positive, 0, -1)
         log_weight = np.where(positive, 0.0, -np.inf)
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
-    ps, qs = (p, q) if full else (p[support], q[support])
-    if group_below > 0:
-        built = _build_items(_buckets.bucketed(ps, qs, n, group_below, TIGHT), n)
+    built = None
+    if group_below > 0:  # the whole row, tokens with q = 0 left out by bucketed (no copy of the support)
+        absent = None if full else np.flatnonzero(~positive)
+        built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n)
         if built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
-            built = _build_items(_buckets.singletons(ps, qs), n)
-    else:
+            built = None
+        elif not full:  # tokens with q = 0 already point at one extra item (class -1, weight 0)
+            r, classes, logs, item, accepted, alpha, minimiser = built
+            return _Tables(
+                r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item
+            )
+    support = None if full else np.flatnonzero(positive)
+    if built is None:
+        ps, qs = (p, q) if full else (p[support], q[support])
         built = _build_items(_buckets.singletons(ps, qs), n)
     r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:
@@ -383,7 +364,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     r = np.zeros(vocab)
     item = np.full(vocab, classes.shape[0], dtype=np.int64)
     r[support], item[support] = r_support, item_support
-    return _Tables(r, np.r_[classes, -1], np.r_[logs, -np.inf], accepted, alpha, minimiser, item)
+    return _Tables(r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item)
 
 
 def _build_items(items: _buckets.Items, n: int):
@@ -391,16 +372,16 @@ def _build_items(items: _buckets.Items, n: int):
     support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens."""
     ps, qs = items.p, items.q
     size = ps.shape[0]
-    target_mass = _prefix_sums(ps)
-    draft_mass = np.minimum(_prefix_sums(qs), 1.0)
+    target_mass = prefix_sums(ps)
+    draft_mass = np.minimum(prefix_sums(qs), 1.0)
     gap = target_mass - draft_mass**n
     best = gap.min()
     alpha = float(np.clip(1.0 + best, 0.0, 1.0))
     cuts = np.flatnonzero(gap <= best + TIGHT)
-    minimiser = int(np.r_[0, np.cumsum(items.count)][cuts[np.argmin(gap[cuts])]])
+    minimiser = int(head_sums(items.count)[cuts[np.argmin(gap[cuts])]])
     # Slack of each item: how far the gap at the nearer of its two prefixes is above the minimum.
     slack = np.minimum(gap[:-1], gap[1:]) - best
-    bounds = np.unique(np.r_[0, cuts, size])
+    bounds = np.unique(np.concatenate(([0], cuts, [size])))
     lows, highs = bounds[:-1], bounds[1:]
     low_mass, high_mass = draft_mass[lows], draft_mass[highs]
     class_q = np.add.reduceat(qs, lows)
@@ -417,8 +398,11 @@ def _build_items(items: _buckets.Items, n: int):
                     items, a, b, slack[a:b], low_mass[index], selected[index], n, bins
                 )
         # r_y = q_y r_i / q_i: a group's tokens share its selection in proportion to q (exact for a single).
-        r = items.q_tokens * (r_items / qs)[items.item]
-        return r, float(np.minimum(items.p_tokens, r).sum())
+        scale = np.zeros(size + 1)  # item ``size``: tokens with q = 0 in a whole row (r = 0)
+        np.divide(r_items, qs, out=scale[:size])
+        r = np.take(scale, items.item)
+        r *= items.q_tokens
+        return r, float(np.minimum(items.p_tokens, r, out=_buckets.scratch(r.shape[0])[0]).sum())
 
     r, accepted = fit(BINS)
     if alpha - accepted > RETRY_SHORTFALL and size > MAX_OWN_UNITS:
@@ -440,10 +424,9 @@ def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool)
     ``inf`` when even :math:`\sum \rho_i w_i` falls short. Otherwise the mirror image (``-inf`` if too much).
     """
     size = ratio.shape[0]
-    head_p = np.r_[0.0, np.cumsum(ratio * weight)]
-    head_q = np.r_[0.0, np.cumsum(weight)]
-    tail_p = np.r_[np.cumsum((ratio * weight)[::-1])[::-1], 0.0]
-    tail_q = np.r_[np.cumsum(weight[::-1])[::-1], 0.0]
+    product = ratio * weight
+    head_p, head_q = head_sums(product), head_sums(weight)
+    tail_p, tail_q = tail_sums(product), tail_sums(weight)
     if above:
         at_breaks = head_p[1:] + ratio * tail_q[1:]
         below = int(np.searchsorted(at_breaks, mass, side="left"))
@@ -475,14 +458,23 @@ def _units(ps: np.ndarray, qs: np.ndarray, slack: np.ndarray, bins: int) -> np.n
         with np.errstate(divide="ignore"):
             log_ratio = np.log(ps[light] / qs[light])
         finite = np.isfinite(log_ratio)
-        low = log_ratio[finite].min() if finite.any() else 0.0
-        high = log_ratio[finite].max() if finite.any() else 0.0
+        values = log_ratio if finite.all() else log_ratio[finite]
+        low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
         edges = np.linspace(low, high, bins + 1)[1:-1]
         ratio_bin = np.where(finite, np.searchsorted(edges, log_ratio) + 1, 0)
         octave = np.floor(4.0 * np.log2(np.maximum(slack[light], TIGHT) / TIGHT)).astype(np.int64)
         labels[light] = heavy.size + ratio_bin * 512 + np.minimum(octave, 511)
-    _, labels = np.unique(labels, return_inverse=True)
-    return labels
+    return _compact(labels)
+
+
+def _compact(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered ``0, 1, ...`` in increasing order: ``np.unique(labels, return_inverse=True)[1]``
+    as one sort, a comparison and a search (about 60% of ``np.unique``'s cost at these sizes)."""
+    ordered = np.sort(labels)
+    first = np.empty(ordered.shape[0], dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return np.searchsorted(ordered[first], labels)
 
 
 def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, bins: int):
@@ -525,7 +517,7 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
                 break
             split = wrong[labels]
             labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
-            _, labels = np.unique(labels, return_inverse=True)
+            labels = _compact(labels)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
     unit_target *= mass / unit_target.sum()
@@ -545,7 +537,7 @@ def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, ab
     if above:
         deficit = _power_difference(lower + head_q, np.full_like(head_q, lower), head_q, n) - head_t
     else:
-        rest = np.r_[np.cumsum(unit_q[order][::-1])[::-1][1:], 0.0]  # Q(C \ T_k) as a sum
+        rest = tail_sums(unit_q[order])[1:]  # Q(C \ T_k) as a sum
         deficit = head_t - (mass - _power_difference(lower + rest, np.full_like(rest, lower), rest, n))
     bad = np.flatnonzero(deficit > 1e-15 * mass)
     wrong = np.zeros(unit_q.shape[0], dtype=bool)
@@ -566,7 +558,7 @@ def _unit_targets(labels, qs, ratio, capped, mass: float, above: bool):
     if np.isfinite(level):
         unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
         at_level = extreme >= level if above else extreme <= level
-        _, relabel = np.unique(np.where(at_level, -1, np.arange(unit_q.shape[0])), return_inverse=True)
+        relabel = _compact(np.where(at_level, -1, np.arange(unit_q.shape[0])))
         unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
         labels = relabel[labels]
         return labels, np.bincount(labels, weights=qs), unit_target

@@ -13,6 +13,7 @@ import importlib
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.theory.test_optimal_verifier import brute_force_optimum, cases, enumerated
 from theory import optimal_acceptance, optimal_verifier
@@ -162,3 +163,64 @@ def test_units_straddling_a_nearly_tight_prefix_are_split_to_reach_alpha_star():
         assert optimal_verifier(*pairs[3], 2).shortfall > 1e-8
     finally:
         module._chain_violations = chain
+
+
+def test_reused_scratch_arrays_do_not_leak_between_builds_or_threads():
+    """The build keeps its vocabulary-sized temporaries in per-thread scratch arrays (``_buckets.scratch``):
+    builds of other pairs and sizes in between, or in other threads at the same time, must not change a
+    build's tables; and the arrays are reused, not made afresh (the point of them)."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    pairs = [lm_like_pair(rng, vocab) for vocab in (30_000, 12_000, 30_000)]
+    first = [module.optimal_tables(p, q, 4) for p, q in pairs]
+    assert buckets.scratch(30_000)[0].base is buckets.scratch(12_000)[0].base
+    results = {}
+
+    def build(index):
+        p, q = pairs[index % 3]
+        results[index] = [module.optimal_tables(p, q, 4) for _ in range(3)]
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, tables in results.items():
+        for table in tables:
+            expected = first[index % 3]
+            assert np.array_equal(table.marginal, expected.marginal)
+            assert np.array_equal(table.item, expected.item)
+            assert np.array_equal(table.item_log_weight, expected.item_log_weight)
+            assert table.acceptance == expected.acceptance
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_whole_row_with_absent_tokens_gives_the_items_of_its_support(n):
+    """Tokens with q = 0 (p > 0 or p = 0) passed in place as ``absent`` join no item and point one past the
+    last; every item, bound and token map equals the build on the copied support, and so do the tables."""
+    rng = np.random.default_rng(n)
+    p, q = lm_like_pair(rng, 30_000)
+    zero = rng.choice(30_000, size=40, replace=False)
+    q[zero] = 0.0
+    p[zero[:5]] = 0.0  # 0/0 ratios too
+    p, q = p / p.sum(), q / q.sum()
+    support = np.flatnonzero(q > 0)
+    whole = buckets.bucketed(p, q, n, module.GROUP_BELOW, module.TIGHT, absent=np.flatnonzero(q == 0))
+    part = buckets.bucketed(p[support], q[support], n, module.GROUP_BELOW, module.TIGHT)
+    for name in ("p", "q", "low", "high", "single", "count"):
+        assert np.array_equal(getattr(whole, name), getattr(part, name)), name
+    assert np.array_equal(whole.item[support], part.item)
+    assert np.all(whole.item[q == 0] == part.p.shape[0])
+    built = module.optimal_tables(p, q, n)
+    assert np.all(built.marginal[q == 0] == 0.0) and np.all(built.class_id[q == 0] == -1)
+    reference = optimal_verifier(p, q, n, group_below=0.0)
+    assert built.alpha_star == pytest.approx(reference.alpha_star, abs=1e-13)
+    assert built.alpha_star - built.acceptance <= 1e-12
+    assert abs(built.marginal.sum() - 1.0) <= 1e-12
+
+
+@given(st.lists(st.integers(-5, 10**6), min_size=1, max_size=300))
+def test_unit_labels_are_compacted_as_np_unique_does(labels):
+    labels = np.array(labels, dtype=np.int64)
+    assert np.array_equal(module._compact(labels), np.unique(labels, return_inverse=True)[1])

@@ -1,0 +1,154 @@
+"""The exponential race of one priority class (``theory._race``): its marginal, its range, and the fit.
+
+Oracles re-derived here: the marginal by a trapezoid rule of step 1/16 on a window reaching ``w t = e^-60``
+(no tail formula), the Bradley--Terry closed form for ``n = 2`` written out per pair, the range of ``r_u`` as
+the probabilities of "every class draft in ``u``" and "some draft in ``u``", and feasible fit targets made as
+the marginal of known weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+race = importlib.import_module("theory._race")
+
+
+@st.composite
+def races(draw, min_n=2):
+    """(lower, masses, log_weights, n): up to 12 units, masses spanning 12 decades, weights spanning e^±12."""
+    n = draw(st.integers(min_n, 8))
+    units = draw(st.integers(1, 12))
+    exponents = draw(st.lists(st.floats(-12.0, 0.0), min_size=units, max_size=units))
+    masses = 10.0 ** np.array(exponents)
+    share = draw(st.floats(0.05, 1.0))
+    masses = masses / masses.sum() * share
+    lower = draw(st.sampled_from([0.0, 0.5])) * (1.0 - share)
+    log_weights = np.array(draw(st.lists(st.floats(-12.0, 12.0), min_size=units, max_size=units)))
+    return lower, masses, log_weights, n
+
+
+def reference_marginal(lower, masses, log_weights, n):
+    """Trapezoid rule in ln t with step 1/16 from w_max t = e^-60 to w_min t = e^5, nothing added."""
+    step = 1.0 / 16.0
+    low, high = -60.0 - log_weights.max(), 5.0 - log_weights.min()
+    t = np.exp(low + step * np.arange(int(np.ceil((high - low) / step)) + 1))
+    clock = np.exp(log_weights)[:, None] * t[None, :]
+    phi = lower + masses @ np.exp(-clock)
+    return n * masses * step * (clock * np.exp(-clock) * phi[None, :] ** (n - 1)).sum(axis=1)
+
+
+def _scale(lower, masses, n):
+    """n Q_u (x + Q_C)^(n-1): the size of r_u when u wins whenever drafted."""
+    return n * masses * (lower + masses.sum()) ** (n - 1)
+
+
+@given(races(min_n=3))
+def test_quadrature_with_the_closed_form_lower_tail_matches_a_fine_wide_reference(case):
+    lower, masses, log_weights, n = case
+    r = race.race_marginal(lower, masses, log_weights, n)
+    reference = reference_marginal(lower, masses, log_weights, n)
+    assert np.all(np.abs(r - reference) <= 4e-15 * _scale(lower, masses, n))
+
+
+def test_the_lower_tail_is_needed_negative_control(monkeypatch):
+    """Without the closed-form tail the window from w t = e^-15 loses ~e^-15 relative: the test above would
+    fail."""
+    rng = np.random.default_rng(3)
+    masses = rng.random(6)
+    masses /= masses.sum()
+    log_weights = 3.0 * rng.standard_normal(6)
+    reference = reference_marginal(0.0, masses, log_weights, 4)
+    monkeypatch.setattr(race, "_lower_tail", lambda *args: (np.zeros(6), np.zeros(6)))
+    r = race.race_marginal(0.0, masses, log_weights, 4)
+    assert np.max(np.abs(r - reference) / _scale(0.0, masses, 4)) > 1e-8
+
+
+@given(races(), st.sampled_from([1.0, 80.0]))
+def test_bradley_terry_marginal_equals_the_pairwise_sum_at_any_spread(case, stretch):
+    lower, masses, log_weights, _ = case
+    log_weights = log_weights * stretch  # spreads beyond 600 take the 1 / (1 + e^-d) branch
+    r = race.race_marginal(lower, masses, log_weights, 2)
+    units = masses.shape[0]
+    expected = np.zeros(units)
+    for u in range(units):
+        total = lower
+        for v in range(units):
+            d = log_weights[u] - log_weights[v]
+            total += masses[v] * (1.0 / (1.0 + np.exp(-d)) if d > -700 else 0.0)
+        expected[u] = 2.0 * masses[u] * total
+    np.testing.assert_allclose(r, expected, rtol=1e-14, atol=1e-300)
+
+
+@given(races())
+def test_marginal_lies_in_the_singleton_bounds_and_sums_to_the_class_mass(case):
+    lower, masses, log_weights, n = case
+    r = race.race_marginal(lower, masses, log_weights, n)
+    low, high = race.singleton_bounds(lower, masses, n)
+    slack = 1e-13 * _scale(lower, masses, n)
+    assert np.all(r >= low - slack) and np.all(r <= high + slack)
+    total = (lower + masses.sum()) ** n - lower**n
+    assert abs(r.sum() - total) <= 1e-13 * total
+
+
+@given(races(), st.data())
+def test_singleton_bounds_are_the_limits_of_one_units_marginal(case, data):
+    lower, masses, log_weights, n = case
+    unit = data.draw(st.integers(0, masses.shape[0] - 1))
+    low, high = race.singleton_bounds(lower, masses, n)
+
+    # u wins alone when every class draft is in u or below: (x + Q_u)^n - x^n; whenever some draft is in u:
+    # (a + Q_u)^n - a^n with a = x + Q_C - Q_u. Binomial sums, free of cancellation.
+    def grown(base, mass):
+        return sum(math.comb(n, k) * mass**k * base ** (n - k) for k in range(1, n + 1))
+
+    rest = sum(masses[v] for v in range(masses.shape[0]) if v != unit)
+    assert np.isclose(low[unit], grown(lower, masses[unit]), rtol=1e-13, atol=0.0)
+    assert np.isclose(high[unit], grown(lower + rest, masses[unit]), rtol=1e-13, atol=0.0)
+    for sign, bound in ((-1.0, low), (1.0, high)):
+        moved = log_weights.copy()
+        moved[unit] = sign * 60.0
+        r = race.race_marginal(lower, masses, moved, n)
+        assert abs(r[unit] - bound[unit]) <= 1e-12 * _scale(lower, masses, n)[unit]
+
+
+@given(races())
+def test_fit_converges_from_its_start_to_a_feasible_target(case):
+    """Targets made as the marginal of known weights are feasible; the fit must reach them to round-off."""
+    lower, masses, log_weights, n = case
+    log_weights = log_weights / 3.0  # within e^+-4: targets that float64 weights can reproduce to 1e-15
+    target = race.race_marginal(lower, masses, log_weights, n)
+    fitted, r = race.fit_log_weights(lower, masses, target, n)
+    assert np.all(np.isfinite(fitted))
+    np.testing.assert_allclose(r, race.race_marginal(lower, masses, fitted, n), rtol=0, atol=1e-300)
+    assert np.abs(r - target).sum() <= 10 * race.TOLERANCE  # the fit's absolute stopping rule
+
+
+def _evaluations(monkeypatch, lower, masses, target, n):
+    calls = []
+    marginal = race.race_marginal
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return marginal(*args, **kwargs)
+
+    monkeypatch.setattr(race, "race_marginal", counted)
+    _, r = race.fit_log_weights(lower, masses, target, n)
+    monkeypatch.setattr(race, "race_marginal", marginal)
+    return len(calls), np.abs(r - target).sum()
+
+
+def test_logit_step_solves_a_two_unit_bradley_terry_race_in_one_newton_step(monkeypatch):
+    """For n = 2 and two units, r_u is logistic in lambda_u - lambda_v between its singleton bounds, so the
+    logit step lands on the target at once: start + one trial. The plain step (negative control) needs more."""
+    masses = np.array([0.999, 1e-3])
+    target = race.race_marginal(0.0, masses, np.array([0.0, 4.0]), 2)  # the light unit far ahead
+    count, error = _evaluations(monkeypatch, 0.0, masses, target, 2)
+    assert count == 2 and error <= 1e-15
+    monkeypatch.setattr(race, "_logit_residual", lambda target, r, bounds: target - r)
+    plain, error = _evaluations(monkeypatch, 0.0, masses, target, 2)
+    assert plain >= 4 and error <= 1e-15
