@@ -131,12 +131,14 @@ def _cap_units(labels: np.ndarray, qs: np.ndarray, unit_q: np.ndarray, unit_targ
         return labels, unit_q, unit_target
     ratio = unit_target / unit_q
     order = np.argsort(ratio, kind="stable")
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # zero targets: log 0 = -inf, -inf - -inf = nan
         log_ratio = np.log(ratio[order])
-    step = np.diff(log_ratio)
-    step[~np.isfinite(step)] = np.inf  # a zero target next to a positive one: cut there first
+        step = np.diff(log_ratio)
+    step[np.isnan(step)] = 0.0  # two zero targets: equal ratios, merged for free
+    step[np.isinf(step)] = np.inf  # a zero target next to a positive one: cut there first
     sorted_target = unit_target[order]
-    cost = np.minimum(sorted_target[:-1], sorted_target[1:]) * step
+    with np.errstate(invalid="ignore"):  # 0 * inf
+        cost = np.minimum(sorted_target[:-1], sorted_target[1:]) * step
     cost[np.isnan(cost)] = np.inf
     cuts = np.argsort(-cost, kind="stable")[: cap - 1]
     start = np.zeros(units, dtype=np.int64)
