@@ -24,7 +24,8 @@ minimiser) the weights aim at the water-filled target :math:`r^* = \min(p, c\, q
 :math:`r^* = \max(p, c\, q)`, with ``c`` solved exactly on the sorted class. With those marginals
 :math:`\sum \min(p, r) = \alpha^*` (structure theorem of the note, section 2). Tokens share weights in *units*:
 each token its own unit in small classes; in large ones the capped tokens form one unit, tokens with
-:math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`. The
+:math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`,
+at most :data:`MAX_UNITS` per class (:mod:`theory._class_units`: neighbours in target ratio merged). The
 fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
 build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
 
