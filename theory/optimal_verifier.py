@@ -24,7 +24,8 @@ minimiser) the weights aim at the water-filled target :math:`r^* = \min(p, c\, q
 :math:`r^* = \max(p, c\, q)`, with ``c`` solved exactly on the sorted class. With those marginals
 :math:`\sum \min(p, r) = \alpha^*` (structure theorem of the note, section 2). Tokens share weights in *units*:
 each token its own unit in small classes; in large ones the capped tokens form one unit, tokens with
-:math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`. The
+:math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`,
+at most :data:`MAX_UNITS` per class (:mod:`theory._class_units`: neighbours in target ratio merged). The
 fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
 build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
 
@@ -43,18 +44,23 @@ import numpy as np
 
 from theory import _buckets
 from theory._buckets import head_sums, prefix_sums, tail_sums
+from theory._class_units import (
+    MAX_OWN_UNITS,
+    MAX_UNITS,
+    OWN_UNIT_MASS,
+    TIGHT,
+    _cap_units,
+    _compact,
+    _fill_level,
+    _unit_targets,
+    _units,
+)
 from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
 __all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_tables", "optimal_verifier"]
 
-#: Prefixes whose gap is within this of the minimum count as tight (they become class cuts).
-TIGHT = 1e-13
-#: Classes with at most this many tokens give every token its own unit.
-MAX_OWN_UNITS = 96
-#: In larger classes, tokens with ``max(p, q)`` at least this get their own unit (at most ``MAX_OWN_UNITS``).
-OWN_UNIT_MASS = 1e-4
 #: Bins of ``log(p/q)`` for the other uncapped tokens of a large class, first and on retry.
 BINS, RETRY_BINS = 96, 384
 #: A build whose shortfall exceeds this is rebuilt once with ``RETRY_BINS``.
@@ -415,68 +421,6 @@ def _build_items(items: _buckets.Items, n: int):
     return r, classes, logs, items.item, accepted, alpha, minimiser
 
 
-def _fill_level(ratio: np.ndarray, weight: np.ndarray, mass: float, above: bool) -> float:
-    r"""Level ``c`` with :math:`\sum_i \min(\rho_i, c)\, w_i` (``above``) or :math:`\sum_i \max(\rho_i, c)\, w_i`
-    equal to ``mass``, for ``ratio`` sorted increasingly, solved exactly on the piecewise-linear fill.
-
-    ``above``: with the first ``j`` items below ``c`` the sum is :math:`\sum_{i<j} \rho_i w_i + c \sum_{i \ge j}
-    w_i`; ``j`` is found by comparing ``mass`` with the sums at the breakpoints :math:`c = \rho_j`. Returns
-    ``inf`` when even :math:`\sum \rho_i w_i` falls short. Otherwise the mirror image (``-inf`` if too much).
-    """
-    size = ratio.shape[0]
-    product = ratio * weight
-    head_p, head_q = head_sums(product), head_sums(weight)
-    tail_p, tail_q = tail_sums(product), tail_sums(weight)
-    if above:
-        at_breaks = head_p[1:] + ratio * tail_q[1:]
-        below = int(np.searchsorted(at_breaks, mass, side="left"))
-        return (mass - head_p[below]) / tail_q[below] if below < size else np.inf
-    at_breaks = ratio * head_q[:-1] + tail_p[:-1]
-    raised = int(np.searchsorted(at_breaks, mass, side="right"))
-    return (mass - tail_p[raised]) / head_q[raised] if raised > 0 else -np.inf
-
-
-def _units(ps: np.ndarray, qs: np.ndarray, slack: np.ndarray, bins: int) -> np.ndarray:
-    r"""Unit label of each token of a large class.
-
-    Tokens with ``max(p, q) >= OWN_UNIT_MASS`` (the heaviest :data:`MAX_OWN_UNITS`) are alone; the others
-    share ``bins`` equal bins of ``log(p/q)`` over the class, each split by quarter octaves of the token's
-    *slack* :math:`s = \mathrm{gap}_k - \min \mathrm{gap}` (the smaller of its two prefixes). A target that
-    moves the prefix excess :math:`E(k) = r^*(T_k) - p(T_k)` by ``d`` stays in the race polytope while
-    :math:`E(k) \ge -s_k`; a unit whose slack varies by a factor :math:`2^{1/4}` moves it by less than about a
-    fifth of the local slack, so units near a nearly tight prefix get finer (reference note, section 5:
-    "never let a unit straddle a nearly tight prefix").
-    """
-    size = ps.shape[0]
-    labels = np.full(size, -1, dtype=np.int64)
-    heavy = np.flatnonzero(np.maximum(ps, qs) >= OWN_UNIT_MASS)
-    if heavy.size > MAX_OWN_UNITS:
-        heavy = heavy[np.argsort(-np.maximum(ps[heavy], qs[heavy]))[:MAX_OWN_UNITS]]
-    labels[heavy] = np.arange(heavy.size)
-    light = np.flatnonzero(labels < 0)
-    if light.size:
-        with np.errstate(divide="ignore"):
-            log_ratio = np.log(ps[light] / qs[light])
-        finite = np.isfinite(log_ratio)
-        values = log_ratio if finite.all() else log_ratio[finite]
-        low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
-        edges = np.linspace(low, high, bins + 1)[1:-1]
-        ratio_bin = np.where(finite, np.searchsorted(edges, log_ratio) + 1, 0)
-        octave = np.floor(4.0 * np.log2(np.maximum(slack[light], TIGHT) / TIGHT)).astype(np.int64)
-        labels[light] = heavy.size + ratio_bin * 512 + np.minimum(octave, 511)
-    return _compact(labels)
-
-
-def _compact(labels: np.ndarray) -> np.ndarray:
-    """Labels renumbered ``0, 1, ...`` in increasing order: ``np.unique(labels, return_inverse=True)[1]``
-    as one sort, a comparison and a search (about 60% of ``np.unique``'s cost at these sizes)."""
-    ordered = np.sort(labels)
-    first = np.empty(ordered.shape[0], dtype=bool)
-    first[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    return np.searchsorted(ordered[first], labels)
-
-
 def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, bins: int):
     r"""Marginal ``r`` and log-weights of the items ``a:b`` of one class (items in increasing ratio).
 
@@ -518,6 +462,7 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
             split = wrong[labels]
             labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
             labels = _compact(labels)
+        labels, unit_q, unit_target = _cap_units(labels, qs, unit_q, unit_target, MAX_UNITS)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
     unit_target *= mass / unit_target.sum()
@@ -529,6 +474,7 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
 def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, above: bool) -> np.ndarray:
     """Units on the chain (by target/Q, ascending above, descending below) up to its last prefix whose
     target leaves the race polytope."""
+    unit_target = unit_target * (mass / unit_target.sum())  # as fitted: the sum is the whole-class equality
     order = np.argsort(unit_target / unit_q)
     if not above:
         order = order[::-1]
@@ -539,33 +485,11 @@ def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, ab
     else:
         rest = tail_sums(unit_q[order])[1:]  # Q(C \ T_k) as a sum
         deficit = head_t - (mass - _power_difference(lower + rest, np.full_like(rest, lower), rest, n))
-    bad = np.flatnonzero(deficit > 1e-15 * mass)
+    bad = np.flatnonzero(deficit[:-1] > 1e-15 * mass)  # the whole class (last prefix) is not a constraint
     wrong = np.zeros(unit_q.shape[0], dtype=bool)
     if bad.size:
         wrong[order[: bad[-1] + 1]] = True
     return wrong
-
-
-def _unit_targets(labels, qs, ratio, capped, mass: float, above: bool):
-    r"""Unit masses and water-filled unit targets :math:`\rho_u Q_u`, :math:`\rho_u = \min(m_u, c')` (``above``,
-    :math:`m_u` the unit's smallest ratio bound; mirror image below), units at the level merged; the item-level
-    fill summed per unit when no level reaches ``mass``. Returns the (relabelled) labels too."""
-    unit_q = np.bincount(labels, weights=qs)
-    extreme = np.full(unit_q.shape[0], np.inf if above else -np.inf)
-    (np.minimum if above else np.maximum).at(extreme, labels, ratio)
-    order = np.argsort(extreme)
-    level = _fill_level(extreme[order], unit_q[order], mass, above)
-    if np.isfinite(level):
-        unit_bound = np.minimum(extreme, level) if above else np.maximum(extreme, level)
-        at_level = extreme >= level if above else extreme <= level
-        relabel = _compact(np.where(at_level, -1, np.arange(unit_q.shape[0])))
-        unit_target = np.bincount(relabel, weights=unit_bound * unit_q)
-        labels = relabel[labels]
-        return labels, np.bincount(labels, weights=qs), unit_target
-    order = np.argsort(ratio, kind="stable")
-    level = _fill_level(ratio[order], qs[order], mass, above)
-    target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
-    return labels, unit_q, np.bincount(labels, weights=target)
 
 
 class RuntimeOptimalVerifier(Verifier):

@@ -246,6 +246,51 @@ def test_lm_sized_pairs_reach_alpha_star():
             assert abs(v.marginal.sum() - 1.0) <= 1e-12
 
 
+def _sweep_pair(draw, vocab=49_152):
+    """The ``draw``-th pair of the issue #9 robustness sweep: ``default_rng(7)``, Gaussian logits of scale in
+    {1, 3, 6, 12}, draft noise in {0.3, 1.5, 4}, temperature in {0.3, 0.7, 1, 1.5}."""
+    rng = np.random.default_rng(7)
+    for _ in range(draw + 1):
+        scale, noise = rng.choice([1.0, 3.0, 6.0, 12.0]), rng.choice([0.3, 1.5, 4.0])
+        temperature = rng.choice([0.3, 0.7, 1.0, 1.5])
+        logits = scale * rng.standard_normal(vocab)
+        draft = logits + noise * rng.standard_normal(vocab)
+    p = np.exp((logits - logits.max()) / temperature)
+    q = np.exp((draft - draft.max()) / temperature)
+    return p / p.sum(), q / q.sum()
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_very_peaked_pairs_build_few_units_and_stay_exact(monkeypatch, n):
+    """Regression (issue #9 robustness sweep): on the 8th sweep pair (scale 12, noise 1.5, T = 0.3) the chain
+    check took the whole-class sum (renormalised anyway) for a polytope violation and split the 7869-item top
+    class into single items: 34 s and 2-3 GB per build; on the 9th (scale 12, noise 0.3, T = 1.5) the fit then
+    went token by token over 49125 units (OOM at 23 GB). Now every fit has at most MAX_UNITS units, the 8th pair
+    fits under 128 (the split no longer fires) and reaches alpha* to 1e-10, and the 9th builds and reports its
+    shortfall (1.5e-6 to 1.9e-6 with the cap; its alpha* = 1 - 1.5e-10 to 1 leaves the fit too little room)."""
+    seen = []
+    fit = module.fit_log_weights
+    monkeypatch.setattr(module, "fit_log_weights", lambda *a: (seen.append(a[1].shape[0]), fit(*a))[1])
+    for draw, most, shortfall in ((7, 128, 1e-10), (8, module.MAX_UNITS, 5e-6)):
+        seen.clear()
+        p, q = _sweep_pair(draw)
+        v = optimal_verifier(p, q, n)
+        assert max(seen) <= most, (draw, seen)
+        assert abs(v.alpha_star - optimal_acceptance(p, q, n)) <= 1e-12
+        assert abs(v.marginal.sum() - 1.0) <= 1e-12 and np.all(v.marginal >= 0)
+        assert abs(v.acceptance - np.minimum(p, v.marginal).sum()) <= 1e-12
+        assert v.shortfall <= shortfall, (draw, v.shortfall)
+    # Such pairs ask for hundreds of units with the cap lifted (a V = 4096 pair of the family of the 14th sweep
+    # pair: scale 3, noise 0.3, T = 1.5; 434 units at n = 4): the cap is what binds on them, not the binning.
+    seen.clear()
+    monkeypatch.setattr(module, "MAX_UNITS", 10**6)
+    rng = np.random.default_rng(0)
+    logits = 3.0 * rng.standard_normal(4096)
+    draft = logits + 0.3 * rng.standard_normal(4096)
+    optimal_verifier(_normalised(np.exp(logits / 1.5)), _normalised(np.exp(draft / 1.5)), n)
+    assert max(seen) > 256, seen
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Monte Carlo on real SmolLM2 pairs (top 24 tokens of p and q plus each side's rest; see experiments.real_pairs)
 
