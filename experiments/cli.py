@@ -45,11 +45,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    compiled = bool(getattr(args, "compile", False))
+    if compiled:
+        # Inductor's CPU kernels run 5-50x slower on subnormal floats, which SmolLM2's forward produces at some
+        # contexts (0.5-3.3 s instead of 60-120 ms a forward), where eager BLAS flushes them. Flushing them to
+        # zero must happen before torch starts its worker threads, which copy the setting: here, first thing.
+        import torch
+
+        torch.set_flush_denormal(True)
     try:
         return int(args.run(args) or 0)
     except ValueError as error:
         print(f"specbound {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        if compiled:
+            torch.set_flush_denormal(False)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,26 @@ def test_compile_times_the_compiled_step_and_reports_compile_time_apart(
     assert profile(tmp_path, "--drafter", "none")["compiled"] is False and fake_compile == []
 
 
+def test_compile_flushes_subnormals_during_the_run_only(tmp_path, tiny_target, fake_compile, monkeypatch):
+    import torch
+
+    subnormal = torch.tensor([1e-40], dtype=torch.float32)  # below float32's smallest normal, 1.2e-38
+    seen = []
+    load = profile_command.load_target
+
+    def load_target(*args, **kwargs):
+        seen.append(float(subnormal * 1.0))  # 0 when the CPU flushes subnormals
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(profile_command, "load_target", load_target)
+    profile(tmp_path, "--drafter", "none")
+    profile(tmp_path, "--drafter", "none", "--compile")
+    # Inductor's CPU kernels are 5-50x slower on subnormals: --compile flushes them, from before the model
+    # loads (torch's worker threads copy the setting when they start), and only for the command's run.
+    assert seen[0] != 0.0 and seen[1] == 0.0
+    assert float(subnormal * 1.0) != 0.0
+
+
 def test_compile_without_a_compiler_profiles_the_eager_model_and_says_so(
     tmp_path, tiny_target, monkeypatch, capsys
 ):
