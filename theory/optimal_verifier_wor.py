@@ -55,6 +55,10 @@ MAX_CLASS_TOKENS = 14
 #: Newton stops when ``sum |r - r*|`` is below this.
 TOLERANCE = 1e-15
 MAX_ITERATIONS, MAX_HALVINGS = 100, 40
+#: A token whose target is at most this share of its class's is fitted as a loser (weight e^-2000): a Newton
+#: fit cannot move one log-weight the ~380 units a 1e-167 share needs (it stopped 8e-7 short on the others);
+#: the marginal stays exact, at most this share of the class mass of acceptance is given up per token.
+DEAD_SHARE = 1e-30
 #: HiGHS without presolve: its presolve declared a real pair's class (set masses from 1e-91 to 0.3) infeasible.
 #: Feasibility tolerances 1e-10 (default 1e-7, in units of the class mass): at 1e-7 a token with p = 5.6e-8 got
 #: the target 1e-9, which the race could not reach (shortfall 1e-3); at 1e-10 its target is p and the shortfall 0.
@@ -270,9 +274,9 @@ def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
     """Log-weights whose race marginal is ``target`` (damped Newton on the convex Psi - target . lambda) and the
     exact marginal of the weights returned.
 
-    Tokens whose target is zero (on the polytope's boundary: the LP put them where they never win) get the
-    weight ``e^{-2000}`` (they win only alone) and the others are fitted on the sets that hold one of them."""
-    dead = target <= 1e-200 * target.sum()
+    Tokens whose target is zero or below ``DEAD_SHARE`` of the class's (on the polytope's boundary: the LP put
+    them where they never win, or nearly) get the weight ``e^{-2000}`` (they win only alone) and the others are fitted on the sets that hold one of them."""
+    dead = target <= DEAD_SHARE * target.sum()
     if dead.any() and not dead.all():
         live = ~dead
         rows = member[:, live].any(axis=1)
