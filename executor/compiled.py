@@ -26,6 +26,10 @@ compiling them again (Dynamo still traces the model). :func:`compile_model` poin
 ``$XDG_CACHE_HOME/specbound/inductor`` (next to the drafters) unless ``TORCHINDUCTOR_CACHE_DIR`` is set
 (Inductor's own default is ``/tmp/torchinductor_$USER``, which a reboot empties).
 
+On a CPU, call ``torch.set_flush_denormal(True)`` at the start of a program that compiles the model (before
+torch starts its worker threads, which copy the setting): Inductor's kernels run 5-50x slower on subnormal
+floats, which eager BLAS flushes (``docs/executor.md``); the CLI's ``--compile`` does it.
+
 Inductor needs a C++ compiler on the CPU. Where none is found, :func:`compile_model` prints one line and
 leaves the model eager; a backend failure at the first call does the same.
 """
