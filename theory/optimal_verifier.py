@@ -30,9 +30,9 @@ fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, 
 build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
 
 Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of
-:data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the other entries, never ``1 - x``, and ``c``
-comes from the piecewise-linear fill, not a bisection (which loses all resolution at :math:`\max p/q \sim
-10^{20}`).
+:data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the
+other entries, never ``1 - x``, and ``c`` comes from the piecewise-linear fill, not a bisection (which loses
+all resolution at :math:`\max p/q \sim 10^{20}`).
 """
 
 from __future__ import annotations

@@ -275,7 +275,8 @@ def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
     exact marginal of the weights returned.
 
     Tokens whose target is zero or below ``DEAD_SHARE`` of the class's (on the polytope's boundary: the LP put
-    them where they never win, or nearly) get the weight ``e^{-2000}`` (they win only alone) and the others are fitted on the sets that hold one of them."""
+    them where they never win, or nearly) get the weight ``e^{-2000}`` (they win only alone) and the others
+    are fitted on the sets that hold one of them."""
     dead = target <= DEAD_SHARE * target.sum()
     if dead.any() and not dead.all():
         live = ~dead
