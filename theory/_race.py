@@ -213,12 +213,13 @@ def _logit_residual(target: np.ndarray, r: np.ndarray, bounds) -> np.ndarray:
     low, high, target_logit = bounds
     above, below = r - low, high - r
     inside = (above > 0) & (below > 0) & np.isfinite(target_logit)
-    if not inside.all():
+    everywhere = bool(inside.all())
+    if not everywhere:
         above, below = np.where(inside, above, 1.0), np.where(inside, below, 1.0)
     with np.errstate(invalid="ignore"):
         logit = np.log(above) - np.log(below)
         step = (target_logit - logit) * (above * below / (above + below))
-    return np.where(inside, step, target - r) if not inside.all() else step
+    return step if everywhere else np.where(inside, step, target - r)
 
 
 def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int):
