@@ -394,52 +394,56 @@ def run_apriori(
     _write_json(latency.to_json(), latency_path)
 
     # 3. Calibrate and predict, per temperature, before any evaluation unit runs.
-    plans = {}
+    plans, pending = {}, {}
     for t in config.temperatures:
         cal_path, pred_path = out / f"calibration-{_tag(t)}.json", out / f"predictions-{_tag(t)}.json"
         if pred_path.exists():
             cal = Calibration.from_json(_load(cal_path))
-            decoders = [DecoderConfig.from_json(d["config"]) for d in _load(pred_path)["decoders"]]
-        else:
-            cal = calibrate_from_units(out, t, config, latency, calibration_half)
-            decoders, planning = plan_configurations(
-                cal,
-                multidraft=config.multidraft,
-                budgets=config.budgets,
-                max_budget=config.max_budget,
+            plans[t] = (cal, [DecoderConfig.from_json(d["config"]) for d in _load(pred_path)["decoders"]])
+            continue
+        cal = calibrate_from_units(out, t, config, latency, calibration_half)
+        decoders, planning = plan_configurations(
+            cal, multidraft=config.multidraft, budgets=config.budgets, max_budget=config.max_budget
+        )
+        pending[t] = (cal, [d for d in decoders if _selected(config, d)], planning)
+    # Each configuration's per-step overhead, measured on the first calibration prompt; the temperatures take
+    # turns so that a drift of the machine's speed hits both alike.
+    index = calibration_half[0]
+    jobs = [
+        (t, decoders[k])
+        for k in range(max((len(p[1]) for p in pending.values()), default=0))
+        for t, (_, decoders, _) in pending.items()
+        if k < len(decoders)
+    ]
+    for t, decoder in bar(jobs, desc="overhead"):
+        path = out / "units" / f"overhead-{_tag(t)}--{decoder.label}--{index:03d}.json"
+        if not path.exists():
+            record = run_generation(
+                decoder,
+                model,
+                prompt_ids[index],
+                drafter=drafter,
+                temperature=t,
+                max_new_tokens=config.max_new_tokens,
+                seed=config.seed + 2000 + index,
+                eos_id=eos_id,
+                calibration=pending[t][0],
             )
-            decoders = [d for d in decoders if _selected(config, d)]
-            # Each configuration's per-step overhead, measured on the first calibration prompt.
-            index = calibration_half[0]
-            for decoder in bar(decoders, desc=f"overhead {_tag(t)}"):
-                path = out / "units" / f"overhead-{_tag(t)}--{decoder.label}--{index:03d}.json"
-                if not path.exists():
-                    record = run_generation(
-                        decoder,
-                        model,
-                        prompt_ids[index],
-                        drafter=drafter,
-                        temperature=t,
-                        max_new_tokens=config.max_new_tokens,
-                        seed=config.seed + 2000 + index,
-                        eos_id=eos_id,
-                        calibration=cal,
-                    )
-                    _write_json({"prompt": index, **record, "records": []}, path)
-            cal.overhead = overheads(out, t)  # the calibration itself is unchanged by the overhead units
-            predictions = {
-                "temperature": t,
-                "planning": planning,
-                "decoders": [
-                    {"config": d.to_json(), "prediction": asdict(predict(d, cal))} for d in decoders
-                ],
-            }
-            _write_json(cal.to_json(), cal_path)
-            _write_json(predictions, pred_path)
+            _write_json({"prompt": index, **record, "records": []}, path)
+    for t, (cal, decoders, planning) in pending.items():
+        cal.overhead = overheads(out, t)  # the calibration itself is unchanged by the overhead units
+        predictions = {
+            "temperature": t,
+            "planning": planning,
+            "decoders": [{"config": d.to_json(), "prediction": asdict(predict(d, cal))} for d in decoders],
+        }
+        _write_json(cal.to_json(), out / f"calibration-{_tag(t)}.json")
+        _write_json(predictions, out / f"predictions-{_tag(t)}.json")
         plans[t] = (cal, decoders)
 
-    # 4. Run every configuration on the evaluation half, prompt by prompt (interleaved against load drift).
-    jobs = [(t, i, d) for t in config.temperatures for i in evaluation_half for d in plans[t][1]]
+    # 4. Run every configuration on the evaluation half, prompt by prompt and, within a prompt, temperature by
+    # temperature: a drift of the machine's speed then hits every configuration and both temperatures alike.
+    jobs = [(t, i, d) for i in evaluation_half for t in config.temperatures for d in plans[t][1]]
     for t, index, decoder in bar(jobs, desc="evaluate"):
         path = out / "units" / f"eval-{_tag(t)}--{decoder.label}--{index:03d}.json"
         log_path = None

@@ -194,3 +194,33 @@ def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
     calibration_unit.write_text(json.dumps(unit))
     with pytest.raises(ValueError, match="predictions differ"):
         build_report(config, out, "early-exit:5")
+
+
+def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, tmp_path):
+    """A drift of the machine's speed must hit both temperatures alike: the overhead runs alternate between
+    the temperatures configuration by configuration, and the evaluation runs go prompt by prompt, both
+    temperatures within each prompt (before, every T = 0 unit ran before every T = 1 unit)."""
+    import experiments.apriori.run as run
+
+    _, patch = tiny_run
+    calls = []
+    real = run.run_generation
+
+    def recording(decoder, model, prompt, **kwargs):
+        calls.append((kwargs["seed"], kwargs["temperature"], decoder.label))
+        return real(decoder, model, prompt, **kwargs)
+
+    patch.setattr(run, "run_generation", recording)
+    try:
+        assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
+    finally:
+        patch.setattr(run, "run_generation", real)
+    overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
+    evaluation = [(seed - 1000, t) for seed, t, _ in calls if 1000 <= seed < 2000]
+    turns = 2 * min(sum(t == 0.0 for t, _ in overhead), sum(t == 1.0 for t, _ in overhead))
+    assert turns >= 4 and [t for t, _ in overhead[:turns]] == [0.0, 1.0] * (turns // 2)
+    prompts = [prompt for prompt, _ in evaluation]
+    assert prompts == sorted(prompts)
+    for prompt in set(prompts):
+        temperatures = [t for p, t in evaluation if p == prompt]
+        assert temperatures == sorted(temperatures) and set(temperatures) == {0.0, 1.0}
