@@ -362,23 +362,28 @@ def run_apriori(
     calibration_half, evaluation_half = split_prompts(config.prompts, config.seed)
     bar = _progress(progress)
 
+    def generate(decoder, t: float, index: int, phase_seed: int, **options) -> dict:
+        """One generation of ``decoder`` on prompt ``index``; seeds differ by phase (calibration, evaluation,
+        overhead) so that no two phases draw the same samples."""
+        return run_generation(
+            decoder,
+            model,
+            prompt_ids[index],
+            drafter=drafter,
+            temperature=t,
+            max_new_tokens=config.max_new_tokens,
+            seed=config.seed + phase_seed + index,
+            eos_id=eos_id,
+            **options,
+        )
+
     # 1. Calibration chains on the calibration half.
     calib_chain = DecoderConfig("calibration", "chain", gamma=config.depth)
     jobs = [(t, i) for t in config.temperatures for i in calibration_half]
     for t, index in bar(jobs, desc="calibrate"):
         path = out / "units" / f"calib-{_tag(t)}--{index:03d}.json"
         if not path.exists():
-            record = run_generation(
-                calib_chain,
-                model,
-                prompt_ids[index],
-                drafter=drafter,
-                temperature=t,
-                max_new_tokens=config.max_new_tokens,
-                seed=config.seed + index,
-                eos_id=eos_id,
-                grid=config.multidraft,
-            )
+            record = generate(calib_chain, t, index, 0, grid=config.multidraft)
             _write_json({"prompt": index, **record}, path)
 
     # 2. Latency profile: read from --latency, or measured here (target and drafter interleaved).
@@ -418,17 +423,7 @@ def run_apriori(
     for t, decoder in bar(jobs, desc="overhead"):
         path = out / "units" / f"overhead-{_tag(t)}--{decoder.label}--{index:03d}.json"
         if not path.exists():
-            record = run_generation(
-                decoder,
-                model,
-                prompt_ids[index],
-                drafter=drafter,
-                temperature=t,
-                max_new_tokens=config.max_new_tokens,
-                seed=config.seed + 2000 + index,
-                eos_id=eos_id,
-                calibration=pending[t][0],
-            )
+            record = generate(decoder, t, index, 2000, calibration=pending[t][0])
             _write_json({"prompt": index, **record, "records": []}, path)
     for t, (cal, decoders, planning) in pending.items():
         cal.overhead = overheads(out, t)  # the calibration itself is unchanged by the overhead units
@@ -452,15 +447,11 @@ def run_apriori(
         if path.exists() and (log_path is None or log_path.exists()):
             continue
         grid = ((decoder.verifier, decoder.n),) if decoder.kind == "multidraft" else ()
-        record = run_generation(
+        record = generate(
             decoder,
-            model,
-            prompt_ids[index],
-            drafter=drafter,
-            temperature=t,
-            max_new_tokens=config.max_new_tokens,
-            seed=config.seed + 1000 + index,
-            eos_id=eos_id,
+            t,
+            index,
+            1000,
             calibration=plans[t][0],
             grid=grid,
             log_path=log_path,
