@@ -18,7 +18,9 @@ is analytic in the strip :math:`|\mathrm{Im}\, s| < \pi/2` and decays exponentia
 converges like :math:`e^{-2\pi d/h}` (measured relative error below 1e-15 against the ``n = 2`` closed form and
 a step-1/16 rule, tests; the node sums are pairwise). The lattice below the window is summed in closed form to
 second order in ``t`` (:func:`_lower_tail`, error below :math:`n^2 e^{-45}` of :math:`n Q_u (x + Q_C)^{n-1}`),
-and the upper end drops less than 1e-21 relative.
+and the upper end drops less than 1e-21 relative. Log-weights may spread past float64's exponent range (a
+unit pushed towards a zero target): there the clocks are formed in log space (:func:`_clocks`), and the fit
+keeps every log-weight within :data:`FLOOR` of the largest, where a unit's marginal is already its least.
 
 The weights are the minimiser of the convex function :math:`\Psi(\lambda) = E[\log \sum_{i \in C} w(X_i);
 C \text{ on top}] - \sum_u r^*_u \lambda_u`, whose gradient is :math:`r(\lambda) - r^*`; :func:`fit_log_weights`
@@ -44,6 +46,16 @@ LOW, HIGH = -42.0, 4.0
 #: Lower end of the marginal's nodes: the lattice below it is summed in closed form to second order in ``t``
 #: (:func:`_lower_tail`; the third-order remainder is below ``n**2 exp(3 TAIL_LOW)`` ~ 3e-20 n**2 of r_u's scale).
 TAIL_LOW = -15.0
+#: Largest log-node (``t = e^WIDE``) at which the clocks are formed as products ``w t`` (:func:`_clocks`):
+#: below ``ln(max float) = 709.78`` and, with the largest weight 1, every weight ``>= e^(HIGH - WIDE)`` is normal.
+WIDE = 700.0
+#: The fit keeps every log-weight within ``FLOOR`` of the largest (window top ``HIGH + FLOOR + STEP <= WIDE``):
+#: a unit ``e^-690`` behind another loses to it but for ``1e-300`` of the time, so a unit pushed towards a zero
+#: target has reached its least marginal in float64 there.
+FLOOR = 690.0
+#: Cap of the log-clock in wide windows: ``exp(-exp(DEAD)) = exp(-1096.6)`` is 0 in float64, as is every
+#: survival factor beyond it.
+DEAD = 7.0
 #: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
 TOLERANCE = 1e-14
 #: Newton iterations at most, backtracking halvings per iteration at most, and the largest step in ``lambda``.
@@ -71,13 +83,31 @@ def single_threaded_blas():
     return _BLAS.limit(limits=1) if _BLAS else contextlib.nullcontext()
 
 
-def _nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
-    """Quadrature nodes ``t`` (log-spaced by ``step``) covering the window of every weight (from ``low``)."""
+def _log_nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
+    """Quadrature nodes ``s = ln t`` (spaced by ``step``) covering the window of every weight (from ``low``)."""
     low = low - log_weights.max()
     high = HIGH - log_weights.min()
     # low + step * k, not np.arange(low, high, step): arange steps by (low + step) - low, which for low ~ -50
     # is step + 3e-15 and biases every integral by 1.4e-14.
-    return np.exp(low + step * np.arange(int(np.ceil((high - low) / step)) + 1))
+    return low + step * np.arange(int(np.ceil((high - low) / step)) + 1)
+
+
+def _nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
+    """Quadrature nodes ``t`` of :func:`_log_nodes` (log-weights spread less than :data:`WIDE`)."""
+    return np.exp(_log_nodes(log_weights, step, low))
+
+
+def _clocks(log_weights: np.ndarray, log_nodes: np.ndarray) -> np.ndarray:
+    r"""(U, K) clock values :math:`w_u t_k`, for log-weights whose largest is 0.
+
+    Up to :data:`WIDE` every ``t`` and every weight is a normal float and the clocks are the products. Wider
+    log-weights (a unit pushed towards a zero target) would overflow ``t`` and underflow ``w``; there the
+    clocks are :math:`e^{\lambda_u + s_k}` capped at :math:`e^{\mathrm{DEAD}}`, where :math:`e^{-w t}` is already
+    0 in float64: the cap changes no survival factor and keeps :math:`w t e^{-w t}` at 0 (never ``inf * 0``).
+    """
+    if log_nodes[-1] <= WIDE:
+        return np.exp(log_weights)[:, None] * np.exp(log_nodes)[None, :]
+    return np.exp(np.minimum(log_weights[:, None] + log_nodes[None, :], DEAD))
 
 
 def race_marginal(
@@ -101,17 +131,18 @@ def race_marginal(
     """
     if n == 2:
         return _bradley_terry(lower, masses, log_weights, jacobian)
-    nodes = _nodes(log_weights, step, TAIL_LOW)
+    log_weights = log_weights - log_weights.max()  # r depends on the differences only
+    log_nodes = _log_nodes(log_weights, step, TAIL_LOW)
     weights = np.exp(log_weights)
     # (U, K) layout: the sums over the K nodes run along the contiguous axis, where numpy sums pairwise
     # (a strided sum over ~500 nodes accumulates ~1e-14 of round-off).
-    clock = weights[:, None] * nodes[None, :]  # w_u t
+    clock = _clocks(log_weights, log_nodes)  # w_u t
     survive = np.exp(-clock)
     phi = lower + masses @ survive  # (K,)
     density = clock * survive  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
-    tail, first = _lower_tail(lower, masses, weights, float(nodes[0]), n, step)
+    tail, first = _lower_tail(lower, masses, weights, float(np.exp(log_nodes[0])), n, step)
     r = n * masses * (step * weighted.sum(axis=1) + tail)
     if not jacobian:
         return r
@@ -170,10 +201,13 @@ def race_potential(
     if n == 2:
         pair = np.logaddexp(log_weights[:, None], log_weights[None, :])
         return float(masses @ pair @ masses + 2.0 * lower * (masses @ log_weights))
-    t = _nodes(np.r_[log_weights, 0.0], step)
-    phi = lower + np.exp(-t[:, None] * np.exp(log_weights)[None, :]) @ masses
+    # Psi(lambda + c) = Psi(lambda) + c R: the race below runs with the largest log-weight at 0.
+    top = log_weights.max()
+    log_weights = np.r_[log_weights - top, 0.0]  # the last row is the reference clock t of the e^-t term
+    survive = np.exp(-_clocks(log_weights, _log_nodes(log_weights, step)))
+    phi = lower + np.ascontiguousarray(survive[:-1].T) @ masses  # (K, U) C-order @ (U,), as before
     total = (lower + masses.sum()) ** n - lower**n
-    return float(step * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
+    return float(step * np.sum(total * survive[-1] - (phi**n - lower**n)) + top * total)
 
 
 def singleton_bounds(lower: float, masses: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +274,7 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     """
     units = masses.shape[0]
     log_weights = np.log(target / masses)
-    log_weights -= log_weights.max()
+    log_weights = np.maximum(log_weights - log_weights.max(), -FLOOR)
     if units == 1:
         return log_weights, race_marginal(lower, masses, log_weights, n)
 
@@ -284,6 +318,7 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
             for _ in range(1 if logit else MAX_HALVINGS):
                 trial = log_weights + step
                 trial -= trial.max()
+                np.maximum(trial, -FLOOR, out=trial)
                 trial_r, trial_error, trial_hessian = evaluate(trial)
                 if trial_error < error:
                     accepted = trial
