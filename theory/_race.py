@@ -260,45 +260,73 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     r"""Log-weights whose race marginal is (as close as Newton gets to) ``target``, for one class.
 
     ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Minimises the convex :math:`\Psi(\lambda) =`
-    :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` by Newton
-    steps with the exact Hessian :math:`H` (the gradient :math:`r - r^*` sums to zero and :math:`H` has the null
-    vector ``1``, fixed by adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm.
-    Each iteration first tries the step :math:`H^{-1} b` on the per-unit logit residual ``b``
-    (:func:`_logit_residual`, which straightens the saturating marginals of light units: 4.3 instead of 7.0
-    marginal evaluations per fit on the logged SmolLM2 pairs), accepted when :math:`\|r - r^*\|_1` or
-    :math:`\Psi` decreases; otherwise the plain Newton step :math:`H^{-1}(r^* - r)`, halved until one of them
-    decreases (:math:`\Psi` is evaluated only when the error does not drop; the error guards the round-off
-    floor of :math:`\Psi`). Every evaluation uses the exact rule: with the closed-form tail it costs ~1.4 times a
-    rule of step 1/2, and a coarse start (used before) cost one more evaluation at the switch than it saved.
-    Returns the log-weights with the smallest :math:`\|r - r^*\|_1` seen and their exact marginal.
+    :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` with
+    :func:`newton_fit`, the logit step between the :func:`singleton_bounds`. Every evaluation uses the exact
+    rule: with the closed-form tail it costs ~1.4 times a rule of step 1/2, and a coarse start (used before)
+    cost one more evaluation at the switch than it saved.
     """
-    units = masses.shape[0]
-    log_weights = np.log(target / masses)
-    log_weights = np.maximum(log_weights - log_weights.max(), -FLOOR)
-    if units == 1:
-        return log_weights, race_marginal(lower, masses, log_weights, n)
-
-    low, high = singleton_bounds(lower, masses, n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bounds = (low, high, np.log(target - low) - np.log(high - target))
 
     def evaluate(lw):
         # With the Jacobian: an accepted trial point is the next Newton point, whose Hessian is then at hand
         # (one pass over the quadrature nodes per iteration instead of two).
-        r, jacobian = race_marginal(lower, masses, lw, n, jacobian=True)
-        return r, np.abs(r - target).sum(), jacobian
+        return race_marginal(lower, masses, lw, n, jacobian=True)
 
     def potential(lw):
-        return race_potential(lower, masses, lw, n) - target @ lw
+        return race_potential(lower, masses, lw, n)
 
-    r, error, hessian = evaluate(log_weights)
+    if masses.shape[0] == 1:
+        return np.zeros(1), race_marginal(lower, masses, np.zeros(1), n)
+    return newton_fit(
+        evaluate,
+        potential,
+        target,
+        np.log(target / masses),
+        singleton_bounds(lower, masses, n),
+        tolerance=TOLERANCE,
+        max_iterations=MAX_ITERATIONS,
+        max_halvings=MAX_HALVINGS,
+    )
+
+
+def newton_fit(
+    evaluate,
+    potential,
+    target: np.ndarray,
+    start: np.ndarray,
+    bounds: tuple[np.ndarray, np.ndarray],
+    *,
+    tolerance: float,
+    max_iterations: int,
+    max_halvings: int,
+):
+    r"""Damped Newton on the convex :math:`\Psi(\lambda) - r^* \cdot \lambda` of a race, whose gradient is
+    :math:`r(\lambda) - r^*`: the log-weights whose marginal is (as close as it gets to) ``target``.
+
+    ``evaluate(lw)`` returns the marginal ``r`` and its Jacobian :math:`H = \partial r / \partial \lambda`
+    (symmetric, null vector ``1``); ``potential(lw)`` returns :math:`\Psi`; ``bounds`` = :math:`(\ell, h)`,
+    the range of each :math:`r_u` as :math:`\lambda_u` runs over the reals. Log-weights are kept with their
+    largest at 0 and none below ``-FLOOR``. Each iteration solves the Jacobi-scaled system (masses span up to
+    1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`; each coordinate of the
+    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps). It first tries the step on
+    the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating marginals of light
+    units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs), accepted when
+    :math:`\|r - r^*\|_1` or :math:`\Psi` decreases; otherwise the plain step :math:`H^{-1}(r^* - r)`,
+    halved until one of them decreases (:math:`\Psi` is evaluated only when the error does not drop; the error
+    guards the round-off floor of :math:`\Psi`). Stops at ``tolerance``, when no step is accepted, or when a
+    step near the tolerance no longer halves the error. Returns the log-weights with the smallest
+    :math:`\|r - r^*\|_1` seen and their exact marginal.
+    """
+    low, high = bounds
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logit_bounds = (low, high, np.log(target - low) - np.log(high - target))
+    log_weights = np.maximum(start - start.max(), -FLOOR)
+    r, hessian = evaluate(log_weights)
+    error = np.abs(r - target).sum()
     best = (error, log_weights, r)
     psi = None  # Psi is only needed when a step does not reduce the error
-    for _ in range(MAX_ITERATIONS):
-        if error <= TOLERANCE:
+    for _ in range(max_iterations):
+        if error <= tolerance:
             break
-        # Jacobi-scaled Newton system (units' masses span up to 1e18), the null vector 1 fixed by a rank-one
-        # term; each coordinate of the step clipped on its own, so tiny units cannot shrink the others' steps.
         diagonal = np.maximum(np.abs(np.diag(hessian)), 1e-300)
         root = np.sqrt(diagonal)
         system = hessian / root[:, None] / root[None, :]
@@ -306,26 +334,26 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
         system += np.outer(null, null)
         accepted = None
         for logit in (True, False):
-            residual = _logit_residual(target, r, bounds) if logit else target - r
+            residual = _logit_residual(target, r, logit_bounds) if logit else target - r
             try:
                 step = np.linalg.solve(system, residual / root) / root
             except np.linalg.LinAlgError:
                 step = np.linalg.lstsq(hessian, residual, rcond=None)[0]
-            step -= step.mean()
             if not np.all(np.isfinite(step)):
                 continue
-            step = np.clip(step, -MAX_STEP, MAX_STEP)
-            for _ in range(1 if logit else MAX_HALVINGS):
+            step = np.clip(step - step.mean(), -MAX_STEP, MAX_STEP)
+            for _ in range(1 if logit else max_halvings):
                 trial = log_weights + step
                 trial -= trial.max()
                 np.maximum(trial, -FLOOR, out=trial)
-                trial_r, trial_error, trial_hessian = evaluate(trial)
+                trial_r, trial_hessian = evaluate(trial)
+                trial_error = np.abs(trial_r - target).sum()
                 if trial_error < error:
                     accepted = trial
                     break
                 if psi is None:
-                    psi = potential(log_weights)
-                if potential(trial) < psi:
+                    psi = potential(log_weights) - target @ log_weights
+                if potential(trial) - target @ trial < psi:
                     accepted = trial
                     break
                 step *= 0.5
@@ -333,7 +361,7 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
                 break
         if accepted is None:
             break
-        stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
+        stalled = trial_error > 0.5 * error and error < 1e3 * tolerance
         log_weights, r, error, hessian, psi = trial, trial_r, trial_error, trial_hessian, None
         if error < best[0]:
             best = (error, log_weights, r)
