@@ -307,9 +307,10 @@ def newton_fit(
     the range of each :math:`r_u` as :math:`\lambda_u` runs over the reals. Log-weights are kept with their
     largest at 0 and none below ``-FLOOR``. Each iteration solves the Jacobi-scaled system (masses span up to
     1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`; each coordinate of the
-    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps). It first tries the step on
-    the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating marginals of light
-    units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs), accepted when
+    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps). It first
+    tries the step on the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating
+    marginals of light units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs),
+    accepted when
     :math:`\|r - r^*\|_1` or :math:`\Psi` decreases; otherwise the plain step :math:`H^{-1}(r^* - r)`,
     halved until one of them decreases (:math:`\Psi` is evaluated only when the error does not drop; the error
     guards the round-off floor of :math:`\Psi`). Stops at ``tolerance``, when no step is accepted, or when a

@@ -42,6 +42,7 @@ from math import comb, factorial
 import numpy as np
 from scipy.optimize import linprog
 
+from theory._race import newton_fit
 from theory.checks import as_count, as_distribution_pair
 from theory.draft_laws import check_draft_law
 from theory.optimal_verifier import TIGHT, OptimalVerifier, _Tables
@@ -271,8 +272,9 @@ def _race(member: np.ndarray, weight: np.ndarray, log_weights: np.ndarray, hessi
 
 
 def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
-    """Log-weights whose race marginal is ``target`` (damped Newton on the convex Psi - target . lambda) and the
-    exact marginal of the weights returned.
+    """Log-weights whose race marginal is ``target`` and the exact marginal of the weights returned: the
+    shared damped Newton (:func:`theory._race.newton_fit`) on the convex Psi - target . lambda, its logit step
+    between the singleton bounds (a token wins alone, or whenever drafted).
 
     Tokens whose target is zero or below ``DEAD_SHARE`` of the class's (on the polytope's boundary: the LP put
     them where they never win, or nearly) get the weight ``e^{-2000}`` (they win only alone) and the others
@@ -285,34 +287,16 @@ def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
         log_weights = np.full(target.shape[0], -2000.0)
         log_weights[live] = _fit(member[rows][:, live], weight[rows], live_target)[0]
         return log_weights, _race(member, weight, log_weights)[0]
-    counts = member.T.astype(np.float64) @ weight
-    log_weights = np.log(target / np.maximum(counts, 1e-300))
-    log_weights -= log_weights.max()
-    r, psi = _race(member, weight, log_weights)
-    psi -= target @ log_weights
-    error = np.abs(r - target).sum()
-    for _ in range(MAX_ITERATIONS):
-        if error <= TOLERANCE:
-            break
-        _, _, jacobian = _race(member, weight, log_weights, hessian=True)
-        diagonal = np.sqrt(np.maximum(np.diag(jacobian), 1e-300))
-        scaled = jacobian / diagonal[:, None] / diagonal[None, :]
-        null = diagonal / np.linalg.norm(diagonal)
-        step = (
-            np.linalg.lstsq(scaled + np.outer(null, null), (target - r) / diagonal, rcond=None)[0] / diagonal
-        )
-        step -= step.mean()
-        step = np.clip(step, -8.0, 8.0)
-        for _ in range(MAX_HALVINGS):
-            trial = log_weights + step
-            trial -= trial.max()
-            trial_r, trial_psi = _race(member, weight, trial)
-            trial_psi -= target @ trial
-            trial_error = np.abs(trial_r - target).sum()
-            if trial_error < error or trial_psi < psi - 1e-17 * abs(psi):
-                break
-            step *= 0.5
-        else:
-            break
-        log_weights, r, psi, error = trial, trial_r, trial_psi, trial_error
+    counts = member.T.astype(np.float64) @ weight  # P(token drafted, class on top): r's upper bound
+    alone = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1))  # it wins alone: the lower one
+    log_weights, _ = newton_fit(
+        lambda lw: _race(member, weight, lw, hessian=True)[::2],
+        lambda lw: _race(member, weight, lw)[1],
+        target,
+        np.log(target / np.maximum(counts, 1e-300)),
+        (alone, counts),
+        tolerance=TOLERANCE,
+        max_iterations=MAX_ITERATIONS,
+        max_halvings=MAX_HALVINGS,
+    )
     return log_weights, _race(member, weight, log_weights)[0]
