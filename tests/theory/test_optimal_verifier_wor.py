@@ -60,7 +60,7 @@ TINY_TARGET_TOKEN = (
 )
 
 # A token of mass 2e-167 tied in p/q with two tokens of mass 1/3: its share of the class target was 2e-167, which
-# Newton could not reach (the others stopped 8e-7 short: shortfall 4.1e-7). Now fitted as a loser (DEAD_SHARE).
+# Newton could not reach (the others stopped 8e-7 short: shortfall 4.1e-7). The shared newton_fit reaches it.
 NEGLIGIBLE_TIED_TOKEN = (
     np.array([0.0, 0.0, 1 / 3, 1 / 3, 2.0586477292169566e-167, 0.0, 1 / 3]),
     np.array(
