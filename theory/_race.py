@@ -307,7 +307,9 @@ def newton_fit(
     the range of each :math:`r_u` as :math:`\lambda_u` runs over the reals. Log-weights are kept with their
     largest at 0 and none below ``-FLOOR``. Each iteration solves the Jacobi-scaled system (masses span up to
     1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`; each coordinate of the
-    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps). It first
+    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps), after
+    centring it on its ``target``-weighted mean (the plain mean let a unit far behind, whose step is huge,
+    drag every other step to the clip: the others never moved). It first
     tries the step on the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating
     marginals of light units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs),
     accepted when
@@ -320,6 +322,7 @@ def newton_fit(
     low, high = bounds
     with np.errstate(divide="ignore", invalid="ignore"):
         logit_bounds = (low, high, np.log(target - low) - np.log(high - target))
+    centre = target / target.sum()
     log_weights = np.maximum(start - start.max(), -FLOOR)
     r, hessian = evaluate(log_weights)
     error = np.abs(r - target).sum()
@@ -342,7 +345,7 @@ def newton_fit(
                 step = np.linalg.lstsq(hessian, residual, rcond=None)[0]
             if not np.all(np.isfinite(step)):
                 continue
-            step = np.clip(step - step.mean(), -MAX_STEP, MAX_STEP)
+            step = np.clip(step - centre @ step, -MAX_STEP, MAX_STEP)
             for _ in range(1 if logit else max_halvings):
                 trial = log_weights + step
                 trial -= trial.max()

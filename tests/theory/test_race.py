@@ -220,3 +220,13 @@ def test_fit_towards_a_zero_target_stays_within_the_floor_without_overflow():
     assert fitted.min() >= -race.FLOOR and fitted.max() == 0.0
     np.testing.assert_array_equal(r, race.race_marginal(0.0, masses, fitted, 4))
     assert abs(r[0] - masses[0] ** 4) <= 1e-30  # the unit wins only when every draft is in it
+
+
+def test_fit_reaches_the_other_targets_while_one_unit_is_pushed_far_behind():
+    """The unit of the test above has a step ~1e200 (its marginal no longer moves): centred on the plain mean,
+    it dragged every other coordinate of the step to the clip, so the others never moved relative to each
+    other and the fit stopped 2.8e-7 short. Centred on the target-weighted mean, the others converge."""
+    masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
+    target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
+    _, r = race.fit_log_weights(0.0, masses, target, 4)
+    assert np.abs(r - target).sum() <= race.TOLERANCE
