@@ -225,8 +225,22 @@ def test_fit_towards_a_zero_target_stays_within_the_floor_without_overflow():
 def test_fit_reaches_the_other_targets_while_one_unit_is_pushed_far_behind():
     """The unit of the test above has a step ~1e200 (its marginal no longer moves): centred on the plain mean,
     it dragged every other coordinate of the step to the clip, so the others never moved relative to each
-    other and the fit stopped 2.8e-7 short. Centred on the target-weighted mean, the others converge."""
+    other and the fit stopped 2.8e-7 short. Centred on the median unit's step, the others converge."""
     masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
     target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
     _, r = race.fit_log_weights(0.0, masses, target, 4)
     assert np.abs(r - target).sum() <= race.TOLERANCE
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(n):
+    """A unit of mass 1e-12 asked for 1e-10 more than it gets when it wins whenever drafted (an LP's
+    tolerance does that): no weights reach it, and the best fit leaves exactly that 1e-10 on it and 1e-10 on
+    the others. Centred on the plain mean, its step (~1e10) dragged the others' to the clip: 0.05 to 0.08 off."""
+    masses = np.array([0.5, 0.3, 1e-12])
+    target = race.race_marginal(0.1, masses, np.array([0.0, 1.0, -2.0]), n)
+    high = race.singleton_bounds(0.1, masses, n)[1]
+    target[0] -= high[2] + 1e-10 - target[2]
+    target[2] = high[2] + 1e-10
+    _, r = race.fit_log_weights(0.1, masses, target, n)
+    assert np.abs(r - target).sum() <= 2e-10 + race.TOLERANCE
