@@ -306,15 +306,14 @@ def newton_fit(
     (symmetric, null vector ``1``); ``potential(lw)`` returns :math:`\Psi`; ``bounds`` = :math:`(\ell, h)`,
     the range of each :math:`r_u` as :math:`\lambda_u` runs over the reals. Log-weights are kept with their
     largest at 0 and none below ``-FLOOR``. Each iteration solves the Jacobi-scaled system (masses span up to
-    1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`; each coordinate of the
-    step is clipped to :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps), after
-    centring it on the step of the unit holding the median of the target mass: a unit whose target is out
-    of reach (a zero target, or one an LP put 1e-10 above its bound) has a step of 1e10 or more, and through
-    the plain mean (or a target-weighted one) it dragged every other step to the same clip, so the others
-    never moved relative to each other (fits stopped 0.02 to 0.08 short). It first
-    tries the step on the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating
-    marginals of light units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs),
-    accepted when
+    1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`. The step is centred on
+    the step of the unit holding the median of the target mass, then each coordinate is clipped to
+    :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps): a unit whose target is out of
+    reach (a zero target, or one an LP put 1e-10 above its bound) has a step of 1e10 or more, and through the
+    plain mean (or a target-weighted one) it dragged every other step to the same clip, so the others never
+    moved relative to each other (fits stopped 0.02 to 0.08 short). Each iteration first tries the step on
+    the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating marginals of light
+    units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs), accepted when
     :math:`\|r - r^*\|_1` or :math:`\Psi` decreases; otherwise the plain step :math:`H^{-1}(r^* - r)`,
     halved until one of them decreases (:math:`\Psi` is evaluated only when the error does not drop; the error
     guards the round-off floor of :math:`\Psi`). Stops at ``tolerance``, when no step is accepted, or when a
