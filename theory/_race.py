@@ -18,7 +18,9 @@ is analytic in the strip :math:`|\mathrm{Im}\, s| < \pi/2` and decays exponentia
 converges like :math:`e^{-2\pi d/h}` (measured relative error below 1e-15 against the ``n = 2`` closed form and
 a step-1/16 rule, tests; the node sums are pairwise). The lattice below the window is summed in closed form to
 second order in ``t`` (:func:`_lower_tail`, error below :math:`n^2 e^{-45}` of :math:`n Q_u (x + Q_C)^{n-1}`),
-and the upper end drops less than 1e-21 relative.
+and the upper end drops less than 1e-21 relative. Log-weights may spread past float64's exponent range (a
+unit pushed towards a zero target): there the clocks are formed in log space (:func:`_clocks`), and the fit
+keeps every log-weight within :data:`FLOOR` of the largest, where a unit's marginal is already its least.
 
 The weights are the minimiser of the convex function :math:`\Psi(\lambda) = E[\log \sum_{i \in C} w(X_i);
 C \text{ on top}] - \sum_u r^*_u \lambda_u`, whose gradient is :math:`r(\lambda) - r^*`; :func:`fit_log_weights`
@@ -44,6 +46,16 @@ LOW, HIGH = -42.0, 4.0
 #: Lower end of the marginal's nodes: the lattice below it is summed in closed form to second order in ``t``
 #: (:func:`_lower_tail`; the third-order remainder is below ``n**2 exp(3 TAIL_LOW)`` ~ 3e-20 n**2 of r_u's scale).
 TAIL_LOW = -15.0
+#: Largest log-node (``t = e^WIDE``) at which the clocks are formed as products ``w t`` (:func:`_clocks`):
+#: below ``ln(max float) = 709.78`` and, with the largest weight 1, every weight ``>= e^(HIGH - WIDE)`` is normal.
+WIDE = 700.0
+#: The fit keeps every log-weight within ``FLOOR`` of the largest (window top ``HIGH + FLOOR + STEP <= WIDE``):
+#: a unit ``e^-690`` behind another loses to it but for ``1e-300`` of the time, so a unit pushed towards a zero
+#: target has reached its least marginal in float64 there.
+FLOOR = 690.0
+#: Cap of the log-clock in wide windows: ``exp(-exp(DEAD)) = exp(-1096.6)`` is 0 in float64, as is every
+#: survival factor beyond it.
+DEAD = 7.0
 #: Newton stops when ``sum |r - r*|`` is below this (absolute), or when a step no longer halves it.
 TOLERANCE = 1e-14
 #: Newton iterations at most, backtracking halvings per iteration at most, and the largest step in ``lambda``.
@@ -71,13 +83,31 @@ def single_threaded_blas():
     return _BLAS.limit(limits=1) if _BLAS else contextlib.nullcontext()
 
 
-def _nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
-    """Quadrature nodes ``t`` (log-spaced by ``step``) covering the window of every weight (from ``low``)."""
+def _log_nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
+    """Quadrature nodes ``s = ln t`` (spaced by ``step``) covering the window of every weight (from ``low``)."""
     low = low - log_weights.max()
     high = HIGH - log_weights.min()
     # low + step * k, not np.arange(low, high, step): arange steps by (low + step) - low, which for low ~ -50
     # is step + 3e-15 and biases every integral by 1.4e-14.
-    return np.exp(low + step * np.arange(int(np.ceil((high - low) / step)) + 1))
+    return low + step * np.arange(int(np.ceil((high - low) / step)) + 1)
+
+
+def _nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
+    """Quadrature nodes ``t`` of :func:`_log_nodes` (log-weights spread less than :data:`WIDE`)."""
+    return np.exp(_log_nodes(log_weights, step, low))
+
+
+def _clocks(log_weights: np.ndarray, log_nodes: np.ndarray) -> np.ndarray:
+    r"""(U, K) clock values :math:`w_u t_k`, for log-weights whose largest is 0.
+
+    Up to :data:`WIDE` every ``t`` and every weight is a normal float and the clocks are the products. Wider
+    log-weights (a unit pushed towards a zero target) would overflow ``t`` and underflow ``w``; there the
+    clocks are :math:`e^{\lambda_u + s_k}` capped at :math:`e^{\mathrm{DEAD}}`, where :math:`e^{-w t}` is already
+    0 in float64: the cap changes no survival factor and keeps :math:`w t e^{-w t}` at 0 (never ``inf * 0``).
+    """
+    if log_nodes[-1] <= WIDE:
+        return np.exp(log_weights)[:, None] * np.exp(log_nodes)[None, :]
+    return np.exp(np.minimum(log_weights[:, None] + log_nodes[None, :], DEAD))
 
 
 def race_marginal(
@@ -101,17 +131,18 @@ def race_marginal(
     """
     if n == 2:
         return _bradley_terry(lower, masses, log_weights, jacobian)
-    nodes = _nodes(log_weights, step, TAIL_LOW)
+    log_weights = log_weights - log_weights.max()  # r depends on the differences only
+    log_nodes = _log_nodes(log_weights, step, TAIL_LOW)
     weights = np.exp(log_weights)
     # (U, K) layout: the sums over the K nodes run along the contiguous axis, where numpy sums pairwise
     # (a strided sum over ~500 nodes accumulates ~1e-14 of round-off).
-    clock = weights[:, None] * nodes[None, :]  # w_u t
+    clock = _clocks(log_weights, log_nodes)  # w_u t
     survive = np.exp(-clock)
     phi = lower + masses @ survive  # (K,)
     density = clock * survive  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
-    tail, first = _lower_tail(lower, masses, weights, float(nodes[0]), n, step)
+    tail, first = _lower_tail(lower, masses, weights, float(np.exp(log_nodes[0])), n, step)
     r = n * masses * (step * weighted.sum(axis=1) + tail)
     if not jacobian:
         return r
@@ -170,10 +201,13 @@ def race_potential(
     if n == 2:
         pair = np.logaddexp(log_weights[:, None], log_weights[None, :])
         return float(masses @ pair @ masses + 2.0 * lower * (masses @ log_weights))
-    t = _nodes(np.r_[log_weights, 0.0], step)
-    phi = lower + np.exp(-t[:, None] * np.exp(log_weights)[None, :]) @ masses
+    # Psi(lambda + c) = Psi(lambda) + c R: the race below runs with the largest log-weight at 0.
+    top = log_weights.max()
+    log_weights = np.r_[log_weights - top, 0.0]  # the last row is the reference clock t of the e^-t term
+    survive = np.exp(-_clocks(log_weights, _log_nodes(log_weights, step)))
+    phi = lower + np.ascontiguousarray(survive[:-1].T) @ masses  # (K, U) C-order @ (U,), as before
     total = (lower + masses.sum()) ** n - lower**n
-    return float(step * np.sum(total * np.exp(-t) - (phi**n - lower**n)))
+    return float(step * np.sum(total * survive[-1] - (phi**n - lower**n)) + top * total)
 
 
 def singleton_bounds(lower: float, masses: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,45 +260,79 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     r"""Log-weights whose race marginal is (as close as Newton gets to) ``target``, for one class.
 
     ``target`` must sum to :math:`(x + Q_C)^n - x^n`. Minimises the convex :math:`\Psi(\lambda) =`
-    :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` by Newton
-    steps with the exact Hessian :math:`H` (the gradient :math:`r - r^*` sums to zero and :math:`H` has the null
-    vector ``1``, fixed by adding :math:`\bar h\, 1 1^\top / U`), each at most :data:`MAX_STEP` in sup norm.
-    Each iteration first tries the step :math:`H^{-1} b` on the per-unit logit residual ``b``
-    (:func:`_logit_residual`, which straightens the saturating marginals of light units: 4.3 instead of 7.0
-    marginal evaluations per fit on the logged SmolLM2 pairs), accepted when :math:`\|r - r^*\|_1` or
-    :math:`\Psi` decreases; otherwise the plain Newton step :math:`H^{-1}(r^* - r)`, halved until one of them
-    decreases (:math:`\Psi` is evaluated only when the error does not drop; the error guards the round-off
-    floor of :math:`\Psi`). Every evaluation uses the exact rule: with the closed-form tail it costs ~1.4 times a
-    rule of step 1/2, and a coarse start (used before) cost one more evaluation at the switch than it saved.
-    Returns the log-weights with the smallest :math:`\|r - r^*\|_1` seen and their exact marginal.
+    :func:`race_potential` :math:`- r^* \cdot \lambda` from :math:`\lambda_u = \ln(r^*_u / Q_u)` with
+    :func:`newton_fit`, the logit step between the :func:`singleton_bounds`. Every evaluation uses the exact
+    rule: with the closed-form tail it costs ~1.4 times a rule of step 1/2, and a coarse start (used before)
+    cost one more evaluation at the switch than it saved.
     """
-    units = masses.shape[0]
-    log_weights = np.log(target / masses)
-    log_weights -= log_weights.max()
-    if units == 1:
-        return log_weights, race_marginal(lower, masses, log_weights, n)
-
-    low, high = singleton_bounds(lower, masses, n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bounds = (low, high, np.log(target - low) - np.log(high - target))
 
     def evaluate(lw):
         # With the Jacobian: an accepted trial point is the next Newton point, whose Hessian is then at hand
         # (one pass over the quadrature nodes per iteration instead of two).
-        r, jacobian = race_marginal(lower, masses, lw, n, jacobian=True)
-        return r, np.abs(r - target).sum(), jacobian
+        return race_marginal(lower, masses, lw, n, jacobian=True)
 
     def potential(lw):
-        return race_potential(lower, masses, lw, n) - target @ lw
+        return race_potential(lower, masses, lw, n)
 
-    r, error, hessian = evaluate(log_weights)
+    if masses.shape[0] == 1:
+        return np.zeros(1), race_marginal(lower, masses, np.zeros(1), n)
+    return newton_fit(
+        evaluate,
+        potential,
+        target,
+        np.log(target / masses),
+        singleton_bounds(lower, masses, n),
+        tolerance=TOLERANCE,
+        max_iterations=MAX_ITERATIONS,
+        max_halvings=MAX_HALVINGS,
+    )
+
+
+def newton_fit(
+    evaluate,
+    potential,
+    target: np.ndarray,
+    start: np.ndarray,
+    bounds: tuple[np.ndarray, np.ndarray],
+    *,
+    tolerance: float,
+    max_iterations: int,
+    max_halvings: int,
+):
+    r"""Damped Newton on the convex :math:`\Psi(\lambda) - r^* \cdot \lambda` of a race, whose gradient is
+    :math:`r(\lambda) - r^*`: the log-weights whose marginal is (as close as it gets to) ``target``.
+
+    ``evaluate(lw)`` returns the marginal ``r`` and its Jacobian :math:`H = \partial r / \partial \lambda`
+    (symmetric, null vector ``1``); ``potential(lw)`` returns :math:`\Psi`; ``bounds`` = :math:`(\ell, h)`,
+    the range of each :math:`r_u` as :math:`\lambda_u` runs over the reals. Log-weights are kept with their
+    largest at 0 and none below ``-FLOOR``. Each iteration solves the Jacobi-scaled system (masses span up to
+    1e18), its null vector fixed by the rank-one term :math:`\bar h\, 1 1^\top / U`. The step is centred on
+    the step of the unit holding the median of the target mass, then each coordinate is clipped to
+    :data:`MAX_STEP` on its own (tiny units cannot shrink the others' steps): a unit whose target is out of
+    reach (a zero target, or one an LP put 1e-10 above its bound) has a step of 1e10 or more, and through the
+    plain mean (or a target-weighted one) it dragged every other step to the same clip, so the others never
+    moved relative to each other (fits stopped 0.02 to 0.08 short). Each iteration first tries the step on
+    the per-unit logit residual (:func:`_logit_residual`, which straightens the saturating marginals of light
+    units: 4.3 instead of 7.0 marginal evaluations per fit on the logged SmolLM2 pairs), accepted when
+    :math:`\|r - r^*\|_1` or :math:`\Psi` decreases; otherwise the plain step :math:`H^{-1}(r^* - r)`,
+    halved until one of them decreases (:math:`\Psi` is evaluated only when the error does not drop; the error
+    guards the round-off floor of :math:`\Psi`). Stops at ``tolerance``, when no step is accepted, or when a
+    step near the tolerance no longer halves the error. Returns the log-weights with the smallest
+    :math:`\|r - r^*\|_1` seen and their exact marginal.
+    """
+    low, high = bounds
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logit_bounds = (low, high, np.log(target - low) - np.log(high - target))
+    heavy = np.argsort(target)  # the unit holding the median of the target mass centres every step
+    middle = heavy[min(int(np.searchsorted(np.cumsum(target[heavy]), 0.5 * target.sum())), heavy.size - 1)]
+    log_weights = np.maximum(start - start.max(), -FLOOR)
+    r, hessian = evaluate(log_weights)
+    error = np.abs(r - target).sum()
     best = (error, log_weights, r)
     psi = None  # Psi is only needed when a step does not reduce the error
-    for _ in range(MAX_ITERATIONS):
-        if error <= TOLERANCE:
+    for _ in range(max_iterations):
+        if error <= tolerance:
             break
-        # Jacobi-scaled Newton system (units' masses span up to 1e18), the null vector 1 fixed by a rank-one
-        # term; each coordinate of the step clipped on its own, so tiny units cannot shrink the others' steps.
         diagonal = np.maximum(np.abs(np.diag(hessian)), 1e-300)
         root = np.sqrt(diagonal)
         system = hessian / root[:, None] / root[None, :]
@@ -272,25 +340,26 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
         system += np.outer(null, null)
         accepted = None
         for logit in (True, False):
-            residual = _logit_residual(target, r, bounds) if logit else target - r
+            residual = _logit_residual(target, r, logit_bounds) if logit else target - r
             try:
                 step = np.linalg.solve(system, residual / root) / root
             except np.linalg.LinAlgError:
                 step = np.linalg.lstsq(hessian, residual, rcond=None)[0]
-            step -= step.mean()
             if not np.all(np.isfinite(step)):
                 continue
-            step = np.clip(step, -MAX_STEP, MAX_STEP)
-            for _ in range(1 if logit else MAX_HALVINGS):
+            step = np.clip(step - step[middle], -MAX_STEP, MAX_STEP)
+            for _ in range(1 if logit else max_halvings):
                 trial = log_weights + step
                 trial -= trial.max()
-                trial_r, trial_error, trial_hessian = evaluate(trial)
+                np.maximum(trial, -FLOOR, out=trial)
+                trial_r, trial_hessian = evaluate(trial)
+                trial_error = np.abs(trial_r - target).sum()
                 if trial_error < error:
                     accepted = trial
                     break
                 if psi is None:
-                    psi = potential(log_weights)
-                if potential(trial) < psi:
+                    psi = potential(log_weights) - target @ log_weights
+                if potential(trial) - target @ trial < psi:
                     accepted = trial
                     break
                 step *= 0.5
@@ -298,7 +367,7 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
                 break
         if accepted is None:
             break
-        stalled = trial_error > 0.5 * error and error < 1e3 * TOLERANCE
+        stalled = trial_error > 0.5 * error and error < 1e3 * tolerance
         log_weights, r, error, hessian, psi = trial, trial_r, trial_error, trial_hessian, None
         if error < best[0]:
             best = (error, log_weights, r)

@@ -42,6 +42,7 @@ from math import comb, factorial
 import numpy as np
 from scipy.optimize import linprog
 
+from theory._race import newton_fit
 from theory.checks import as_count, as_distribution_pair
 from theory.draft_laws import check_draft_law
 from theory.optimal_verifier import TIGHT, OptimalVerifier, _Tables
@@ -55,10 +56,6 @@ MAX_CLASS_TOKENS = 14
 #: Newton stops when ``sum |r - r*|`` is below this.
 TOLERANCE = 1e-15
 MAX_ITERATIONS, MAX_HALVINGS = 100, 40
-#: A token whose target is at most this share of its class's is fitted as a loser (weight e^-2000): a Newton
-#: fit cannot move one log-weight the ~380 units a 1e-167 share needs (it stopped 8e-7 short on the others);
-#: the marginal stays exact, at most this share of the class mass of acceptance is given up per token.
-DEAD_SHARE = 1e-30
 #: HiGHS without presolve: its presolve declared a real pair's class (set masses from 1e-91 to 0.3) infeasible.
 #: Feasibility tolerances 1e-10 (default 1e-7, in units of the class mass): at 1e-7 a token with p = 5.6e-8 got
 #: the target 1e-9, which the race could not reach (shortfall 1e-3); at 1e-10 its target is p and the shortfall 0.
@@ -271,48 +268,22 @@ def _race(member: np.ndarray, weight: np.ndarray, log_weights: np.ndarray, hessi
 
 
 def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
-    """Log-weights whose race marginal is ``target`` (damped Newton on the convex Psi - target . lambda) and the
-    exact marginal of the weights returned.
-
-    Tokens whose target is zero or below ``DEAD_SHARE`` of the class's (on the polytope's boundary: the LP put
-    them where they never win, or nearly) get the weight ``e^{-2000}`` (they win only alone) and the others
-    are fitted on the sets that hold one of them."""
-    dead = target <= DEAD_SHARE * target.sum()
-    if dead.any() and not dead.all():
-        live = ~dead
-        rows = member[:, live].any(axis=1)
-        live_target = target[live] * (weight[rows].sum() / target[live].sum())
-        log_weights = np.full(target.shape[0], -2000.0)
-        log_weights[live] = _fit(member[rows][:, live], weight[rows], live_target)[0]
-        return log_weights, _race(member, weight, log_weights)[0]
-    counts = member.T.astype(np.float64) @ weight
-    log_weights = np.log(target / np.maximum(counts, 1e-300))
-    log_weights -= log_weights.max()
-    r, psi = _race(member, weight, log_weights)
-    psi -= target @ log_weights
-    error = np.abs(r - target).sum()
-    for _ in range(MAX_ITERATIONS):
-        if error <= TOLERANCE:
-            break
-        _, _, jacobian = _race(member, weight, log_weights, hessian=True)
-        diagonal = np.sqrt(np.maximum(np.diag(jacobian), 1e-300))
-        scaled = jacobian / diagonal[:, None] / diagonal[None, :]
-        null = diagonal / np.linalg.norm(diagonal)
-        step = (
-            np.linalg.lstsq(scaled + np.outer(null, null), (target - r) / diagonal, rcond=None)[0] / diagonal
-        )
-        step -= step.mean()
-        step = np.clip(step, -8.0, 8.0)
-        for _ in range(MAX_HALVINGS):
-            trial = log_weights + step
-            trial -= trial.max()
-            trial_r, trial_psi = _race(member, weight, trial)
-            trial_psi -= target @ trial
-            trial_error = np.abs(trial_r - target).sum()
-            if trial_error < error or trial_psi < psi - 1e-17 * abs(psi):
-                break
-            step *= 0.5
-        else:
-            break
-        log_weights, r, psi, error = trial, trial_r, trial_psi, trial_error
+    """Log-weights whose race marginal is ``target`` and the exact marginal of the weights returned: the
+    shared damped Newton (:func:`theory._race.newton_fit`) on the convex Psi - target . lambda, its logit step
+    between the singleton bounds (a token wins alone, or whenever drafted). A token whose target is a 1e-167
+    share of its class's (tied in p/q with tokens of mass 1/3) is reached with the others: the plain Newton
+    loop used before could not move its log-weight that far and stopped 8e-7 short on the others, so such
+    tokens were set apart as losers (``DEAD_SHARE``); the shared loop needs no such rule."""
+    counts = member.T.astype(np.float64) @ weight  # P(token drafted, class on top): r's upper bound
+    alone = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1))  # it wins alone: the lower one
+    log_weights, _ = newton_fit(
+        lambda lw: _race(member, weight, lw, hessian=True)[::2],
+        lambda lw: _race(member, weight, lw)[1],
+        target,
+        np.log(target / np.maximum(counts, 1e-300)),
+        (alone, counts),
+        tolerance=TOLERANCE,
+        max_iterations=MAX_ITERATIONS,
+        max_halvings=MAX_HALVINGS,
+    )
     return log_weights, _race(member, weight, log_weights)[0]

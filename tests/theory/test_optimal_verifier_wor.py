@@ -60,7 +60,7 @@ TINY_TARGET_TOKEN = (
 )
 
 # A token of mass 2e-167 tied in p/q with two tokens of mass 1/3: its share of the class target was 2e-167, which
-# Newton could not reach (the others stopped 8e-7 short: shortfall 4.1e-7). Now fitted as a loser (DEAD_SHARE).
+# Newton could not reach (the others stopped 8e-7 short: shortfall 4.1e-7). The shared newton_fit reaches it.
 NEGLIGIBLE_TIED_TOKEN = (
     np.array([0.0, 0.0, 1 / 3, 1 / 3, 2.0586477292169566e-167, 0.0, 1 / 3]),
     np.array(
@@ -75,6 +75,36 @@ NEGLIGIBLE_TIED_TOKEN = (
         ]
     ),
     2,
+)
+
+
+WOR_TOP_EIGHT_PAIR = (
+    np.array(
+        [
+            9.6004241568845738e-01,
+            4.7384381506724381e-07,
+            1.1453688853755334e-03,
+            3.3588416467972397e-05,
+            1.1357670752932271e-02,
+            9.3127108597188934e-03,
+            7.7923075596528734e-06,
+            1.8178663920903677e-07,
+            1.8099797459033954e-02,
+        ]
+    ),
+    np.array(
+        [
+            2.1505756997711820e-01,
+            6.9926020415191859e-01,
+            4.0827627659531747e-02,
+            2.8329275270117277e-02,
+            1.6540391141977911e-07,
+            1.5193132592768220e-20,
+            3.8952478523550356e-03,
+            3.6483191964720315e-03,
+            8.9815904885756186e-03,
+        ]
+    ),
 )
 
 
@@ -110,6 +140,20 @@ def test_check_lossless_passes_it_and_flags_a_perturbed_marginal(case):
     if copy is not None and v.p[a] >= 1e-2 * v.marginal[a]:
         bad = check_lossless(lambda p_, q_, drafts: copy.conditional(drafts), p, q, n, draft="wor")
         assert not bad.lossless, str(bad)
+
+
+def test_a_class_target_just_outside_the_polytope_still_reaches_alpha_star():
+    """A SmolLM2 pair (T = 1, cut to its top 8 tokens + rest; benchmark ``--wor-tokens 8``), n = 3: within
+    HiGHS's tolerance the LP gave two tokens of the upper class targets 2.7e-10 and 2.3e-10 above the most
+    they can win (a token of q = 1.5e-20 can win at most 1.9e-19). The fit then centred its steps on a mean
+    that those tokens' steps dominated and stopped 0.023 off: shortfall 1.1e-2. Exact and within 1e-9 now."""
+    p, q = WOR_TOP_EIGHT_PAIR
+    v = optimal_verifier_wor(p, q, 3)
+    output, _, acceptance = enumerated(v, q, 3, "wor")
+    np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
+    # P(output in drafts) counts sum min(p, r) and residual draws that hit another draft.
+    assert v.acceptance - 1e-12 <= acceptance <= v.alpha_star + 1e-12
+    assert 0.0 <= v.shortfall <= 1e-9
 
 
 def test_without_replacement_beats_the_iid_construction_on_a_peaked_draft():

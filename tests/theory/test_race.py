@@ -12,6 +12,7 @@ import importlib
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -152,3 +153,94 @@ def test_logit_step_solves_a_two_unit_bradley_terry_race_in_one_newton_step(monk
     monkeypatch.setattr(race, "_logit_residual", lambda target, r, bounds: target - r)
     plain, error = _evaluations(monkeypatch, 0.0, masses, target, 2)
     assert plain >= 4 and error <= 1e-15
+
+
+def enumerated_race(lower, masses, log_weights, n):
+    """Marginal and potential E[log sum of the class drafts' weights; class on top] by enumerating the n-tuples
+    of {lower classes, unit 0, ..., unit U-1} (higher classes put nothing on top); the race's odds in log space
+    (logsumexp), so any spread of log-weights is exact, and the terms summed with ``math.fsum``."""
+    from scipy.special import logsumexp
+
+    units = masses.shape[0]
+    draws = np.indices((units + 1,) * n).reshape(n, -1).T  # (M, n): 0 = lower classes, u + 1 = unit u
+    counts = (draws[:, :, None] == np.arange(1, units + 1)).sum(axis=1)  # (M, U)
+    on_top = counts.sum(axis=1) > 0
+    counts = counts[on_top]
+    probability = lower ** (n - counts.sum(axis=1)) * np.prod(masses**counts, axis=1)
+    with np.errstate(divide="ignore"):
+        log_counts = np.log(counts) + log_weights  # -inf where a unit is not drawn
+    log_total = logsumexp(log_counts, axis=1)
+    share = np.exp(log_counts - log_total[:, None])
+    r = np.array([math.fsum(column) for column in (probability[:, None] * share).T])
+    return r, math.fsum(probability * log_total)
+
+
+# Log-weights spread beyond e^700: t = e^(HIGH - min lambda) overflowed and w t e^{-w t} became inf * 0 = NaN.
+WIDE_RACES = [
+    (0.0, np.array([0.3, 0.2, 0.4]), np.array([0.0, -2.0, -720.0]), 3),
+    (0.1, np.array([0.3, 0.2, 0.1, 1e-6]), np.array([5.0, -1.0, -1000.0, -1003.0]), 4),
+    (0.05, np.array([0.5, 0.25, 0.2]), np.array([-800.0, 0.0, -1600.0]), 6),
+]
+
+
+@pytest.mark.parametrize("case", WIDE_RACES)
+def test_marginal_and_potential_stay_exact_at_any_spread_of_log_weights(case):
+    """Spreads of log-weights past float64's exponent range: no overflow, no NaN, the enumerated values."""
+    lower, masses, log_weights, n = case
+    expected_r, expected_potential = enumerated_race(lower, masses, log_weights, n)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        r, jacobian = race.race_marginal(lower, masses, log_weights, n, jacobian=True)
+        potential = race.race_potential(lower, masses, log_weights, n)
+    assert np.all(np.isfinite(jacobian))
+    assert np.all(np.abs(r - expected_r) <= 4e-15 * _scale(lower, masses, n))
+    assert abs(potential - expected_potential) <= 1e-12 * abs(expected_potential)
+
+
+@given(races())
+def test_enumerated_race_oracle_agrees_with_the_quadrature_on_moderate_spreads(case):
+    """The enumeration oracle of the wide-spread test, checked where the quadrature is already trusted."""
+    lower, masses, log_weights, n = case
+    if (masses.shape[0] + 1) ** n > 4096:
+        n = 3
+    expected_r, expected_potential = enumerated_race(lower, masses, log_weights, n)
+    r = race.race_marginal(lower, masses, log_weights, n)
+    assert np.all(np.abs(r - expected_r) <= 4e-15 * _scale(lower, masses, n))
+    potential = race.race_potential(lower, masses, log_weights, n)
+    assert abs(potential - expected_potential) <= 1e-12 * max(1.0, abs(expected_potential))
+
+
+def test_fit_towards_a_zero_target_stays_within_the_floor_without_overflow():
+    """A unit of mass 2e-5 with target 1e-300 (its least marginal, Q_u^4 ~ 4e-19, is below the tolerance):
+    Newton pushes its log-weight down 8 per step; past -705 the old window overflowed (a NaN trial, discarded).
+    The fit now stops the unit at -FLOOR, where its marginal is its least in float64."""
+    masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
+    target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        fitted, r = race.fit_log_weights(0.0, masses, target, 4)
+    assert fitted.min() >= -race.FLOOR and fitted.max() == 0.0
+    np.testing.assert_array_equal(r, race.race_marginal(0.0, masses, fitted, 4))
+    assert abs(r[0] - masses[0] ** 4) <= 1e-30  # the unit wins only when every draft is in it
+
+
+def test_fit_reaches_the_other_targets_while_one_unit_is_pushed_far_behind():
+    """The unit of the test above has a step ~1e200 (its marginal no longer moves): centred on the plain mean,
+    it dragged every other coordinate of the step to the clip, so the others never moved relative to each
+    other and the fit stopped 2.8e-7 short. Centred on the median unit's step, the others converge."""
+    masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
+    target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
+    _, r = race.fit_log_weights(0.0, masses, target, 4)
+    assert np.abs(r - target).sum() <= race.TOLERANCE
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(n):
+    """A unit of mass 1e-12 asked for 1e-10 more than it gets when it wins whenever drafted (an LP's
+    tolerance does that): no weights reach it, and the best fit leaves exactly that 1e-10 on it and 1e-10 on
+    the others. Centred on the plain mean, its step (~1e10) dragged the others' to the clip: 0.05 to 0.08 off."""
+    masses = np.array([0.5, 0.3, 1e-12])
+    target = race.race_marginal(0.1, masses, np.array([0.0, 1.0, -2.0]), n)
+    high = race.singleton_bounds(0.1, masses, n)[1]
+    target[0] -= high[2] + 1e-10 - target[2]
+    target[2] = high[2] + 1e-10
+    _, r = race.fit_log_weights(0.1, masses, target, n)
+    assert np.abs(r - target).sum() <= 2e-10 + race.TOLERANCE
