@@ -143,33 +143,15 @@ class _Rows:
         q, large, small = q[order], large[order], small[order]
 
         # Large-clock tokens, moved to the front of each row in token order: the prefix recursion, one step along
-        # the tokens for every row and grid point at once. Layout (B, J + 1, ...): a prefix reads one block.
-        self.large_before = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(large, axis=1)], 1)
-        count = int(self.large_before[:, -1].max())
+        # the tokens for every row and grid point at once, keeping the state at each needed prefix only.
+        large_before = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(large, axis=1)], 1)
+        count = int(large_before[:, -1].max())
         token_order = np.argsort(~large, axis=1, kind="stable")[:, :count]
         large_q = np.where(
-            np.arange(count) < self.large_before[:, -1:], np.take_along_axis(q, token_order, 1), 0.0
+            np.arange(count) < large_before[:, -1:], np.take_along_axis(q, token_order, 1), 0.0
         )
-        clock = large_q[:, :, None] * self.t[:, None, :]  # (B, J, M')
-        sure = clock > threshold
-        with np.errstate(over="ignore"):
-            spread = np.expm1(clock)
-        spread[sure] = 0.0
-        unsure = np.where(sure, 0.0, large_q[:, :, None])
-        # e_j after i tokens, all j at once: e_j(i + 1) = e_j(i) + w_i e_{j-1}(i), the one-row version's cumsum;
-        # the unsure mass and the sure count are its cumulative sums along the tokens, in the same order.
-        self.states = np.empty((rows, count + 1, n, used))
-        self.states[:, :, 0] = 1.0
-        self.states[:, 0, 1:] = 0.0
-        self.unsure_mass = np.empty((rows, count + 1, used))
-        self.unsure_mass[:, 0] = 0.0
-        self.sure_count = np.zeros((rows, count + 1, used), dtype=np.int32)
-        for i in range(count):
-            step = self.states[:, i + 1, 1:]
-            np.multiply(spread[:, i, None], self.states[:, i, :-1], out=step)
-            np.add(self.states[:, i, 1:], step, out=step)
-            np.add(self.unsure_mass[:, i], unsure[:, i], out=self.unsure_mass[:, i + 1])
-            np.add(self.sure_count[:, i], sure[:, i], out=self.sure_count[:, i + 1])
+        self.reads = np.nonzero(self.needed)  # by row, so by kind
+        self._recursion(large_q, large_before[self.reads], threshold)
 
         # Small-clock tokens (series rows only): prefix sums of (q scale)^r and the series in t / scale.
         coefficients = _wor._series_coefficients(n)
@@ -190,17 +172,14 @@ class _Rows:
 
     def fill(self, inclusion, block) -> None:
         n = self.n
-        b, prefixes = np.nonzero(self.needed)  # by row, so by kind
+        b, prefixes = self.reads
         points = self.t.shape[1]
         spans = np.concatenate([[0], np.cumsum(np.count_nonzero(self.needed, axis=1))])
         with_series, with_dust = spans[self.series_rows], spans[self.series_rows + self.dust_rows]
         below = np.zeros((b.size, self.grid.shape[1]))
         if points:
-            index = self.large_before[b, prefixes]
             t = self.t[b]
-            large_sums = self.states[b, index]  # (P, n, M')
-            count = self.sure_count[b, index]
-            unsure = self.unsure_mass[b, index]
+            large_sums, count, unsure = self.large_sums, self.sure_count, self.unsure_mass
             # lambda of the non-sure tokens: the small-clock mass is the first moment (0 outside series rows)
             rate = t * unsure
             head = slice(0, with_series)
@@ -215,7 +194,7 @@ class _Rows:
             for j in range(n):
                 coefficient = large_sums[
                     :, j
-                ].copy()  # e_j of the large-clock tokens alone (no small-clock factor)
+                ].copy()  # outside series and dust rows, e_j of the recursion alone
                 if with_dust:
                     coefficient[dusty] = sum(large_sums[dusty, i] * small_sums[j - i] for i in range(j + 1))
                 probability += np.where(count + j < n, coefficient, 0.0)
@@ -228,6 +207,44 @@ class _Rows:
             lo, hi = spans[row], spans[row + 1]
             if hi > lo:
                 inclusion[target, prefixes[lo:hi]] = integrand[lo:hi, : self.sizes[row]].sum(axis=1)
+
+    def _recursion(self, large_q, index, threshold) -> None:
+        r"""The states of the prefix recursion over the large-clock tokens ``large_q`` (B, J) at the needed
+        prefixes, which follow ``index`` of them: :math:`e_j` (P, n, M'), the count of sure tokens and the mass of
+        the others.
+
+        :math:`e_j(i + 1) = e_j(i) + w_i e_{j-1}(i)` for all ``j`` at once is the one-row version's cumulative sum
+        along the tokens, and so are the count and the mass, in the same order of additions.
+        """
+        n, t = self.n, self.t
+        rows, used = t.shape
+        by_index = np.argsort(index, kind="stable")
+        bounds = np.searchsorted(index[by_index], np.arange(large_q.shape[1] + 2))
+        owner = self.reads[0]
+        self.large_sums = np.empty((index.size, n, used))
+        self.sure_count = np.empty((index.size, used), dtype=np.int64)
+        self.unsure_mass = np.empty((index.size, used))
+        state, following = np.zeros((rows, n, used)), np.empty((rows, n, used))
+        state[:, 0] = following[:, 0] = 1.0
+        sure_count, unsure_mass = np.zeros((rows, used), dtype=np.int64), np.zeros((rows, used))
+        for i in range(large_q.shape[1] + 1):
+            at = by_index[bounds[i] : bounds[i + 1]]  # the prefixes after exactly i large-clock tokens
+            if at.size:
+                self.large_sums[at] = state[owner[at]]
+                self.sure_count[at] = sure_count[owner[at]]
+                self.unsure_mass[at] = unsure_mass[owner[at]]
+            if i == large_q.shape[1] or bounds[i + 1] == index.size:
+                break
+            clock = large_q[:, i, None] * t  # (B, M')
+            sure = clock > threshold
+            with np.errstate(over="ignore"):
+                spread = np.expm1(clock)
+            spread[sure] = 0.0
+            np.multiply(spread[:, None], state[:, :-1], out=following[:, 1:])
+            np.add(state[:, 1:], following[:, 1:], out=following[:, 1:])
+            state, following = following, state
+            np.add(unsure_mass, np.where(sure, 0.0, large_q[:, i, None]), out=unsure_mass)
+            sure_count += sure
 
     def _small_sums(self, b, prefixes, spans, dust_rate, dusty_rows, points):
         """:math:`e_0..e_{n-1}` of the small-clock tokens and the dust, by Newton's identities, on the prefixes of
