@@ -164,11 +164,17 @@ class _Rows:
             np.multiply(powers[:, r - 1], small, out=powers[:, r])
         self.moments = np.zeros((some, orders, tokens + 1))
         np.cumsum(powers, axis=2, out=self.moments[:, :, 1:])
-        ratio_powers = (self.t[:some] / self.scale[:some, None])[:, None, :] ** np.arange(1, orders + 1)[
-            None, :, None
+        # (t / scale)^r on each row's own points only, then per row (n - 1, R, M'_b), contiguous like the one-row
+        # version's: the power sums are its matrix products
+        inside = np.arange(self.t.shape[1]) < self.points[:some, None]
+        ratio_powers = (self.t[:some] / self.scale[:some, None])[inside][None, :] ** np.arange(1, orders + 1)[
+            :, None
         ]
-        # per row (n - 1, R, M'_b), contiguous like the one-row version's: the power sums are its products
-        self.series = [coefficients[1:, 1:, None] * ratio_powers[b, :, : self.points[b]] for b in range(some)]
+        ends = np.cumsum(self.points[:some])
+        self.series = [
+            coefficients[1:, 1:, None] * ratio_powers[:, end - width : end]
+            for end, width in zip(ends.tolist(), self.points[:some].tolist(), strict=True)
+        ]
 
     def fill(self, inclusion, block) -> None:
         n = self.n
@@ -189,15 +195,23 @@ class _Rows:
             dust_rate = self.dust[b[dusty], None] * t[dusty]
             dusty_rows = self.dust[b[dusty]] > 0
             rate[dusty] = np.where(dusty_rows[:, None], rate[dusty] + dust_rate, rate[dusty])
+            small_sums = self._small_sums(
+                b[dusty], prefixes[dusty], spans, dust_rate, dusty_rows, with_series
+            )
+            # P(N < n) = sum of the e_j with j + (sure tokens) < n, e_j = sum_i (large e_i)(small e_{j-i}); each sum
+            # in the one-row version's order (its leading 0 + included), a False term adding nothing
             probability = np.zeros_like(rate)
-            small_sums = self._small_sums(b[dusty], prefixes[dusty], spans, dust_rate, dusty_rows, points)
+            part, term = np.empty((with_dust, points)), np.empty((with_dust, points))
+            plain = slice(with_dust, None)
             for j in range(n):
-                coefficient = large_sums[
-                    :, j
-                ].copy()  # outside series and dust rows, e_j of the recursion alone
+                use = count < n - j
+                np.add(probability[plain], large_sums[plain, j], out=probability[plain], where=use[plain])
                 if with_dust:
-                    coefficient[dusty] = sum(large_sums[dusty, i] * small_sums[j - i] for i in range(j + 1))
-                probability += np.where(count + j < n, coefficient, 0.0)
+                    np.multiply(large_sums[dusty, 0], small_sums[j], out=part)
+                    part += 0.0
+                    for i in range(1, j + 1):
+                        part += np.multiply(large_sums[dusty, i], small_sums[j - i], out=term)
+                    np.add(probability[dusty], part, out=probability[dusty], where=use[dusty])
             inside = np.arange(points) < self.points[b, None]
             below[:, :points] = np.where(inside, np.exp(-rate) * probability, 0.0)
         s = self.suffix[b, prefixes, None]
@@ -227,30 +241,32 @@ class _Rows:
         state, following = np.zeros((rows, n, used)), np.empty((rows, n, used))
         state[:, 0] = following[:, 0] = 1.0
         sure_count, unsure_mass = np.zeros((rows, used), dtype=np.int64), np.zeros((rows, used))
-        for i in range(large_q.shape[1] + 1):
-            at = by_index[bounds[i] : bounds[i + 1]]  # the prefixes after exactly i large-clock tokens
-            if at.size:
-                self.large_sums[at] = state[owner[at]]
-                self.sure_count[at] = sure_count[owner[at]]
-                self.unsure_mass[at] = unsure_mass[owner[at]]
-            if i == large_q.shape[1] or bounds[i + 1] == index.size:
-                break
-            clock = large_q[:, i, None] * t  # (B, M')
-            sure = clock > threshold
-            with np.errstate(over="ignore"):
-                spread = np.expm1(clock)
-            spread[sure] = 0.0
-            np.multiply(spread[:, None], state[:, :-1], out=following[:, 1:])
-            np.add(state[:, 1:], following[:, 1:], out=following[:, 1:])
-            state, following = following, state
-            np.add(unsure_mass, np.where(sure, 0.0, large_q[:, i, None]), out=unsure_mass)
-            sure_count += sure
+        with np.errstate(over="ignore"):  # expm1 of a sure token's clock (set to 0 below)
+            for i in range(large_q.shape[1] + 1):
+                at = by_index[bounds[i] : bounds[i + 1]]  # the prefixes after exactly i large-clock tokens
+                if at.size:
+                    self.large_sums[at] = state[owner[at]]
+                    self.sure_count[at] = sure_count[owner[at]]
+                    self.unsure_mass[at] = unsure_mass[owner[at]]
+                if i == large_q.shape[1] or bounds[i + 1] == index.size:
+                    break
+                clock = large_q[:, i, None] * t  # (B, M')
+                sure = clock > threshold
+                spread = np.expm1(clock, out=clock)
+                spread[sure] = 0.0
+                np.multiply(spread[:, None], state[:, :-1], out=following[:, 1:])
+                np.add(state[:, 1:], following[:, 1:], out=following[:, 1:])
+                state, following = following, state
+                np.add(unsure_mass, large_q[:, i, None], out=unsure_mass, where=~sure)  # (+ 0 where sure)
+                sure_count += sure
 
-    def _small_sums(self, b, prefixes, spans, dust_rate, dusty_rows, points):
+    def _small_sums(self, b, prefixes, spans, dust_rate, dusty_rows, with_series):
         """:math:`e_0..e_{n-1}` of the small-clock tokens and the dust, by Newton's identities, on the prefixes of
-        the series and dust rows (``b``, ``prefixes``; the dust's Poisson rate ``r t`` per prefix)."""
-        n = self.n
-        power_sums = [np.zeros((b.size, points)) for _ in range(n - 1)]
+        the series rows (the first ``with_series``) and the dust rows (``b``, ``prefixes``; the dust's Poisson
+        rate ``r t`` per prefix). Outside the series rows only :math:`p_1 = r t` is not 0, and the terms of the
+        higher power sums (exact zeros there) are left out."""
+        n, points = self.n, dust_rate.shape[1]
+        power_sums = [np.zeros((with_series, points)) for _ in range(n - 1)]
         # p_1..p_{n-1}: per row, the one-row version's matrix product on its shapes (rounding of BLAS).
         for row in range(self.series_rows):
             lo, hi, width = spans[row], spans[row + 1], self.points[row]
@@ -260,11 +276,23 @@ class _Rows:
             for m in range(n - 1):
                 power_sums[m][lo:hi, :width] = row_moments @ self.series[row][m]
         # the Poisson dust: p_1 gains r t, the higher power sums nothing
-        power_sums[0] = np.where(dusty_rows[:, None], power_sums[0] + dust_rate, power_sums[0])
-        small_sums = [np.ones_like(power_sums[0])]
+        first = np.zeros((b.size, points))
+        first[:with_series] = power_sums[0]
+        first = np.where(dusty_rows[:, None], first + dust_rate, first)
+        # Newton's identities j e_j = sum_{i=1..j} (-1)^(i-1) e_{j-i} p_i, summed in the one-row version's order
+        small_sums, term = [np.ones_like(first)], np.empty((with_series, points))
         for j in range(1, n):
-            total = sum((-1) ** (i - 1) * small_sums[j - i] * power_sums[i - 1] for i in range(1, j + 1))
-            small_sums.append(total / j)
+            total = np.multiply(small_sums[j - 1], first)
+            total += 0.0
+            head = total[:with_series]
+            for i in range(2, j + 1):
+                np.multiply(small_sums[j - i][:with_series], power_sums[i - 1], out=term)
+                if i % 2:
+                    head += term
+                else:
+                    head -= term
+            total /= j
+            small_sums.append(total)
         return small_sums
 
 
