@@ -26,18 +26,24 @@ def lm_like_batch(n, rows=6, reads=40):
     return q, suffix, needed & (suffix > 0), dust
 
 
+def assert_together_equals_each_row_alone(q, suffix, needed, n, dust):
+    """evaluate_rows on the batch against each row's own _PrefixInclusion, bit for bit; NaN where not needed."""
+    together = np.full(suffix.shape, np.nan)
+    evaluate_rows(together, needed, q, suffix, n, dust)
+    for b in range(len(q)):
+        reads = np.flatnonzero(needed[b])
+        if reads.size:
+            alone = _PrefixInclusion(q[b], suffix[b], n, reads, dust[b])(reads)
+            np.testing.assert_array_equal(together[b, reads], alone)
+        assert np.all(np.isnan(together[b, ~needed[b]]))
+
+
 def test_rows_evaluated_together_equal_each_row_alone_on_lm_like_rows_bit_for_bit():
     # The padded evaluation, whose grids, token splits and sure thresholds differ from row to row, must
     # reproduce each row's own _PrefixInclusion exactly.
     for n in (3, 5, 8):
         q, suffix, needed, dust = lm_like_batch(n)
-        together = np.full(suffix.shape, np.nan)
-        evaluate_rows(together, needed, q, suffix, n, dust)
-        for b in range(len(q)):
-            reads = np.flatnonzero(needed[b])
-            alone = _PrefixInclusion(q[b], suffix[b], n, reads, dust[b])(reads)
-            np.testing.assert_array_equal(together[b, reads], alone)
-            assert np.all(np.isnan(together[b, ~needed[b]]))
+        assert_together_equals_each_row_alone(q, suffix, needed, n, dust)
 
 
 def test_rows_split_into_several_calls_give_the_same_values(monkeypatch):
@@ -90,13 +96,7 @@ def test_rows_of_every_kind_evaluated_together_equal_each_row_alone_bit_for_bit(
         q, suffix, needed, dust = top_k_like_batch(n, seed)
         rows = _Rows(q, suffix, n, needed, dust)
         kinds += [rows.series_rows, rows.dust_rows, len(q) - rows.series_rows - rows.dust_rows]
-        together = np.full(suffix.shape, np.nan)
-        evaluate_rows(together, needed, q, suffix, n, dust)
-        for b in range(len(q)):
-            reads = np.flatnonzero(needed[b])
-            alone = _PrefixInclusion(q[b], suffix[b], n, reads, dust[b])(reads)
-            np.testing.assert_array_equal(together[b, reads], alone)
-            assert np.all(np.isnan(together[b, ~needed[b]]))
+        assert_together_equals_each_row_alone(q, suffix, needed, n, dust)
     assert np.all(kinds > 0), kinds  # series rows, dust-only rows and plain rows were all exercised
 
 
@@ -104,10 +104,4 @@ def test_rows_of_every_kind_evaluated_together_equal_each_row_alone_bit_for_bit(
 @given(st.integers(0, 2**32 - 1), st.integers(2, 8), st.integers(1, 9))
 def test_short_rows_of_mixed_kinds_together_equal_each_row_alone(seed, n, rows):
     q, suffix, needed, dust = top_k_like_batch(n, seed, rows)
-    together = np.full(suffix.shape, np.nan)
-    evaluate_rows(together, needed, q, suffix, n, dust)
-    for b in range(rows):
-        reads = np.flatnonzero(needed[b])
-        if reads.size:
-            alone = _PrefixInclusion(q[b], suffix[b], n, reads, dust[b])(reads)
-            np.testing.assert_array_equal(together[b, reads], alone)
+    assert_together_equals_each_row_alone(q, suffix, needed, n, dust)
