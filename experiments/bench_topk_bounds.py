@@ -126,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NPZ",
         help="instead of the LM-like pairs: every row of this full (N, V) log, converted to top-k in memory",
     )
+    parser.add_argument(
+        "--top-k", type=int, nargs="+", choices=(20, 256), default=(20, 256), help="which top-k cases to run"
+    )
+    parser.add_argument(
+        "--wor-low", nargs="+", choices=("iid", "dust"), default=("iid", "dust"), help="which wor lows to run"
+    )
     parser.add_argument("--out", default="runs/bench_topk_bounds.json")
     args = parser.parse_args(argv)
     if args.rounds < 1 or min(args.rows) < 1:
@@ -141,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         implementations = {"old": old_truncated, "new": new_truncated}
         for k, rows in zip((20, 256), args.rows, strict=True):
             blocks = make_blocks(k, rows, rng, pool, every=args.full_log is not None)
+            if k not in args.top_k:  # (its rows drawn all the same: the other case's rows do not change)
+                continue
             rows = sum(len(block[0]) for block in blocks)
             for wor_low in ("iid", "dust"):
+                if wor_low not in args.wor_low:
+                    continue
                 label = f"top-{k}, wor_low={wor_low}"
                 seconds: dict = {name: [] for name in implementations}
                 values = {}

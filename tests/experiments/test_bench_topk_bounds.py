@@ -38,3 +38,10 @@ def test_full_log_rows_are_each_bounded_once(tmp_path):
     assert main(argv) == 0
     cases = json.loads(out.read_text())["cases"]
     assert {case["positions"] for case in cases.values()} == {7}
+
+
+def test_cases_can_be_restricted_to_one_top_k_and_one_wor_low(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--old", "HEAD", "--rounds", "1", "--rows", "12", "5", "--top-k", "20", "--wor-low", "dust"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert set(json.loads(out.read_text())["cases"]) == {"top-20, wor_low=dust"}
