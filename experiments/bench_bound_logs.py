@@ -37,8 +37,22 @@ def lm_rows(rng, rows, vocab=VOCAB):
     return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
 
 
+def pool_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``p`` and ``q`` rows of a full log (docs/logformat.md), float64, each row renormalised."""
+    with np.load(path) as log:
+        if (
+            "p" not in log.files
+            or "q" not in log.files
+            or log["p"].ndim != 2
+            or log["p"].shape != log["q"].shape
+        ):
+            raise ValueError(f"--pool-log: {path} must hold full (N, V) arrays 'p' and 'q' of one shape")
+        p, q = log["p"].astype(np.float64), log["q"].astype(np.float64)
+    return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+
+
 def make_shards(folder: Path, shards: int, rows: int, k: int | None, pool) -> None:
-    """Shards of ``rows`` positions drawn (with replacement) from a pool of LM-like full rows."""
+    """Shards of ``rows`` positions drawn (with replacement) from a pool of full rows (LM-like or a log's)."""
     folder.mkdir(parents=True, exist_ok=True)
     p_pool, q_pool, rng = pool
     top = top_k_arrays(p_pool, q_pool, k) if k is not None else None  # the pool's top-k rows, picked below
@@ -340,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: POSITIONS top-20 positions (10^6 for the issue's target) on --workers warm workers",
     )
     parser.add_argument("--workers", type=int, default=2, help="for --million")
+    parser.add_argument(
+        "--pool-log",
+        default=None,
+        metavar="PATH",
+        help="draw the positions from this full (N, V) .npz log's rows (e.g. a SmolLM2 log) instead of the "
+        "256 LM-like pairs",
+    )
     parser.add_argument("--widths", default=None, help="a full log for the width-against-k table")
     parser.add_argument(
         "--log-smollm", default=None, metavar="PATH", help="first write a SmolLM2 T = 1 log there"
@@ -362,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cores": len(os.sched_getaffinity(0)), "load_1min": os.getloadavg()[0]},
         "arguments": vars(args),
     }
-    pool = (*lm_rows(rng, 256), rng)
+    pool = (*(pool_rows(args.pool_log) if args.pool_log else lm_rows(rng, 256)), rng)
     if args.million:
         with tempfile.TemporaryDirectory() as scratch:
             report["million"] = million_run(

@@ -45,3 +45,18 @@ def test_shards_are_top_k_logs_of_the_requested_size(tmp_path):
     assert len(shards) == 2
     shard = LogShard.open(str(shards[0]))
     assert shard.kind == "topk" and shard.rows == 7 and shard.vocab_size == 300
+
+
+def test_a_pool_log_supplies_the_rows_renormalised_and_a_wrong_one_is_refused(tmp_path):
+    from experiments.bench_bound_logs import pool_rows
+
+    rng = np.random.default_rng(1)
+    p, q = rng.random((3, 50)), rng.random((3, 50))
+    np.savez(tmp_path / "log.npz", p=(p / p.sum(1, keepdims=True)).astype(np.float32), q=q.astype(np.float32))
+    p_rows, q_rows = pool_rows(str(tmp_path / "log.npz"))
+    assert p_rows.shape == q_rows.shape == (3, 50) and p_rows.dtype == np.float64
+    np.testing.assert_allclose(p_rows.sum(1), 1.0, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(q_rows, q / q.sum(1, keepdims=True), rtol=1e-6)
+    np.savez(tmp_path / "bad.npz", p=p, q=q[:, :10])
+    with pytest.raises(ValueError, match="--pool-log"):
+        pool_rows(str(tmp_path / "bad.npz"))
