@@ -17,8 +17,9 @@ ignored there), so with buffers every prompt failed the guard ``kv_cache.k size 
 (with and without a mask) and the fifth prompt hit Dynamo's recompile limit of 8 (``TORCH_LOGS=recompiles``,
 on a tiny model and on SmolLM2, where each new cache size cost 133-173 s of compiling under load). That fix
 changes no computation, so eager results are bitwise unchanged; keeping an over-sized allocation or rounding
-slot counts up to buckets would have changed ``setup_cache``'s contract and still recompiled once per bucket. With ``dynamic=False`` each ``(n, slots, cache size)`` is its own static
-graph: for fixed-shape measurements only (a decoding run reaches the recompile limit within its first prompt).
+slot counts up to buckets would have changed ``setup_cache``'s contract and still recompiled once per bucket.
+With ``dynamic=False`` each ``(n, slots, cache size)`` is its own static graph: for fixed-shape measurements
+only (a decoding run reaches the recompile limit within its first prompt).
 :func:`warm_up` runs each bucket once so that compilation happens before timing.
 
 Compile cache: Inductor's on-disk FX-graph cache lets a later process load the compiled graphs instead of
