@@ -268,15 +268,16 @@ def _race(member: np.ndarray, weight: np.ndarray, log_weights: np.ndarray, hessi
 
 
 def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
-    """Log-weights whose race marginal is ``target`` and the exact marginal of the weights returned: the
-    shared damped Newton (:func:`theory._race.newton_fit`) on the convex Psi - target . lambda, its logit step
-    between the singleton bounds (a token wins alone, or whenever drafted). A token whose target is a 1e-167
-    share of its class's (tied in p/q with tokens of mass 1/3) is reached with the others: the plain Newton
-    loop used before could not move its log-weight that far and stopped 8e-7 short on the others, so such
-    tokens were set apart as losers (``DEAD_SHARE``); the shared loop needs no such rule."""
+    """Log-weights whose race marginal is ``target`` and the exact marginal of the weights returned (the one
+    :func:`_race` computes for them, alike with or without the Jacobian): the shared damped Newton
+    (:func:`theory._race.newton_fit`) on the convex Psi - target . lambda, its logit step between the
+    singleton bounds (a token wins alone, or whenever drafted). A token whose target is a 1e-167 share of its
+    class's (tied in p/q with tokens of mass 1/3) is reached with the others: the plain Newton loop used
+    before could not move its log-weight that far and stopped 8e-7 short on the others, so such tokens were
+    set apart as losers (``DEAD_SHARE``); the shared loop needs no such rule."""
     counts = member.T.astype(np.float64) @ weight  # P(token drafted, class on top): r's upper bound
     alone = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1))  # it wins alone: the lower one
-    log_weights, _ = newton_fit(
+    return newton_fit(
         lambda lw: _race(member, weight, lw, hessian=True)[::2],
         lambda lw: _race(member, weight, lw)[1],
         target,
@@ -286,4 +287,3 @@ def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
         max_iterations=MAX_ITERATIONS,
         max_halvings=MAX_HALVINGS,
     )
-    return log_weights, _race(member, weight, log_weights)[0]
