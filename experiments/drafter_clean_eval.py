@@ -37,9 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from executor.drafters.feature import FeatureDrafter
     from executor.training.corpus import Corpus, default_corpus, load_corpus
-    from executor.training.features import load_features, prepare_features, target_logits
-    from executor.training.loop import agreement_sums
-    from executor.training.trainer import _head_inputs, _run_head
+    from executor.training.features import load_features, prepare_features
+    from executor.training.trainer import chunk_agreement
     from executor.weights import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -67,14 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for checkpoint in args.checkpoints:
             head = FeatureDrafter.from_checkpoint(target, checkpoint).head.float().eval()
-            rows = []
-            for i in range(len(held)):
-                inputs, next_tokens, targets = _head_inputs(held, torch.tensor([i]))
-                p = target_logits(target, targets[0]).softmax(-1)
-                q_logits = head.logits(target, _run_head(head, target, inputs, next_tokens)[0])
-                chunk = agreement_sums(p, q_logits, head.vocab)
-                rows.append((chunk["sum_min"], chunk["tokens"]))
-            sums[checkpoint.name] = np.array(rows, dtype=np.float64)
+            chunks = [chunk_agreement(head, target, held, i) for i in range(len(held))]
+            sums[checkpoint.name] = np.array([(c["sum_min"], c["tokens"]) for c in chunks], dtype=np.float64)
     resample = np.random.default_rng(0).integers(0, len(held), size=(2000, len(held)))
 
     def estimate(rows, index=slice(None)):

@@ -41,6 +41,7 @@ __all__ = [
     "TrainConfig",
     "cached_checkpoints",
     "choose_vocab",
+    "chunk_agreement",
     "evaluate_head",
     "feature_loss",
     "ridge_init",
@@ -185,6 +186,15 @@ def ridge_init(
         return r2
 
 
+def chunk_agreement(head: FeatureHead, target, held_out: FeatureSet, index: int) -> dict:
+    """:func:`~executor.training.loop.agreement_sums` (``top1``, ``sum_min``, ``kl`` summed, and ``tokens``)
+    of the head's first drafted position on chunk ``index`` of ``held_out``; call under ``torch.no_grad()``."""
+    inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([index]))
+    g = _run_head(head, target, inputs, next_tokens)[0]
+    p = target_logits(target, targets[0]).softmax(-1)
+    return agreement_sums(p, head.logits(target, g), head.vocab)
+
+
 def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
     """Held-out ``top1``, ``sum_min``, ``kl`` (see the module docstring) and the number of ``tokens``."""
     totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
@@ -193,10 +203,7 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
     head.eval()
     with torch.no_grad():
         for i in range(chunks):
-            inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([i]))
-            g = _run_head(head, target, inputs, next_tokens)[0]
-            p = target_logits(target, targets[0]).softmax(-1)
-            for name, value in agreement_sums(p, head.logits(target, g), head.vocab).items():
+            for name, value in chunk_agreement(head, target, held_out, i).items():
                 totals[name] += value
     head.train(was_training)
     tokens = totals.pop("tokens")
