@@ -40,14 +40,10 @@ def lm_rows(rng, rows, vocab=VOCAB):
 def pool_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
     """The ``p`` and ``q`` rows of a full log (docs/logformat.md), float64, each row renormalised."""
     with np.load(path) as log:
-        if (
-            "p" not in log.files
-            or "q" not in log.files
-            or log["p"].ndim != 2
-            or log["p"].shape != log["q"].shape
-        ):
-            raise ValueError(f"--pool-log: {path} must hold full (N, V) arrays 'p' and 'q' of one shape")
-        p, q = log["p"].astype(np.float64), log["q"].astype(np.float64)
+        # Each log[name] reads (and inflates) the member again: read each once.
+        p, q = (log[name].astype(np.float64) if name in log.files else None for name in ("p", "q"))
+    if p is None or q is None or p.ndim != 2 or p.shape != q.shape:
+        raise ValueError(f"--pool-log: {path} must hold full (N, V) arrays 'p' and 'q' of one shape")
     return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
 
 
