@@ -21,22 +21,11 @@ from pathlib import Path
 import numpy as np
 
 
-def files_read(corpus, tokenizer, train_tokens: int) -> set[str]:
-    """The train documents a run read to fill ``train_tokens`` (each followed by one end-of-text token)."""
-    read, total = set(), 0
-    for doc, text in corpus.train:
-        if total >= train_tokens:
-            break
-        read.add(doc)
-        total += len(tokenizer.encode(text)) + 1
-    return read
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     from executor.drafters.feature import FeatureDrafter
-    from executor.training.corpus import Corpus, default_corpus, load_corpus
+    from executor.training.corpus import Corpus, default_corpus, documents_read, load_corpus
     from executor.training.features import load_features, prepare_features
     from executor.training.trainer import chunk_agreement
     from executor.weights import load_model
@@ -54,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         card = json.loads((checkpoint / "card.json").read_text())
         name = card["corpus"]["name"]
         corpus = stdlib if name.startswith("stdlib-") else load_corpus(name)
-        docs = files_read(corpus, tokenizer, card["corpus"]["train_tokens"])
+        docs = documents_read(corpus, tokenizer.encode, card["corpus"]["train_tokens"])
         read |= {doc.removeprefix("stdlib/") for doc in docs}
     order = lambda doc: hashlib.sha256(b"clean:" + doc[0].encode()).digest()  # noqa: E731
     clean = sorted((d for d in stdlib.train + stdlib.held_out if d[0] not in read), key=order)

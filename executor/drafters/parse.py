@@ -98,8 +98,8 @@ def _layer_drafter(spec: str, target):
 
 
 def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None, log=None):
-    """The best cached feature-head checkpoint for ``target`` (highest held-out sum-min, then newest:
-    :func:`executor.training.trainer.cached_checkpoints`); trains one first when there is none.
+    """The best cached feature-head checkpoint for ``target`` (:func:`executor.training.trainer.cached_checkpoints`:
+    best on the common ranking set); trains one first when there is none.
 
     Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
     receives the message saying that a drafter is being trained.

@@ -28,7 +28,15 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Corpus", "default_corpus", "is_held_out", "is_test_path", "load_corpus", "tokenize_chunks"]
+__all__ = [
+    "Corpus",
+    "default_corpus",
+    "documents_read",
+    "is_held_out",
+    "is_test_path",
+    "load_corpus",
+    "tokenize_chunks",
+]
 
 HELD_OUT_MODULUS = 20
 _TEST_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -154,3 +162,16 @@ def tokenize_chunks(
             chunks.append(buffer[:chunk_length])
             buffer = buffer[chunk_length:]
     return chunks
+
+
+def documents_read(corpus: Corpus, encode, train_tokens: int) -> set[str]:
+    """The ids of the train documents a run read to fill ``train_tokens`` (:func:`tokenize_chunks` takes them
+    in order, each followed by one end-of-text token, and stops once it holds that many tokens; exact when
+    ``train_tokens`` is a multiple of the chunk length, as the ``train_tokens`` a card records always is)."""
+    read, total = set(), 0
+    for doc_id, text in corpus.train:
+        if total >= train_tokens:
+            break
+        read.add(doc_id)
+        total += len(encode(text)) + 1
+    return read

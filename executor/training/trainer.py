@@ -333,19 +333,26 @@ def _held_out_sum_min(card_path: Path) -> float:
 
 
 def cached_checkpoints(target, kind: str = "feature") -> list[Path]:
-    """Finished checkpoints of ``kind`` for ``target`` in the cache, best first: highest held-out
-    ``sum_min`` on the card (every kind is scored on the same standard-library held-out files), then the most
-    recently written. The first is what ``--drafter KIND`` uses."""
+    """Finished checkpoints of ``kind`` for ``target`` in the cache, best first. The first is what
+    ``--drafter KIND`` uses.
+
+    Feature and falcon heads scored on the common ranking set come first, best Σmin on the ranking files none
+    of them read first (:func:`executor.training.ranking.rank_checkpoints`); heads not scored yet (older cards:
+    ``specbound train-drafter --rank`` scores them) and the other kinds follow by the held-out ``sum_min`` on
+    their card, then the most recently written.
+    """
     from executor.training.checkpoint import CARD_NAME, cache_root
+    from executor.training.ranking import RANKED_KINDS, rank_checkpoints
 
     prefix = f"{kind.replace(':', '_')}-{model_fingerprint(target)['hash'][:12]}-"
     root = cache_root() / "drafters"
     found = [p for p in root.glob(prefix + "*") if (p / CARD_NAME).is_file()] if root.is_dir() else []
-    return sorted(
+    by_card = sorted(
         found,
         key=lambda p: (_held_out_sum_min(p / CARD_NAME), (p / CARD_NAME).stat().st_mtime),
         reverse=True,
     )
+    return rank_checkpoints(by_card)[0] if kind in RANKED_KINDS and len(by_card) > 1 else by_card
 
 
 def train_drafter(
@@ -450,4 +457,7 @@ def train_drafter(
     else:
         train_head = train_feature_head
     train_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
+    from executor.training.ranking import score_checkpoint
+
+    score_checkpoint(out, target, tokenizer, progress=progress)  # the common yardstick for --drafter KIND
     return out

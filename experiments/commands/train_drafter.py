@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 HELP = (
     "train a drafter (feature, falcon, exit:K, kangaroo:K) on the standard library or --corpus, in --minutes"
@@ -57,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch CPU threads (default: all available)"
     )
     parser.add_argument("--json", action="store_true", help="print the checkpoint card as JSON")
+    parser.add_argument(
+        "--rank",
+        action="store_true",
+        help="train nothing: score every cached feature and falcon head of the model on the common ranking set "
+        "(standard-library held-out files; once per head, stored in its card) and print the order --drafter uses",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     parse_self_corpus(args.corpus)  # a bad self:N fails before the model loads
     set_torch_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu", dtype=getattr(torch, args.dtype))
+    if args.rank:
+        return _rank(model, tokenizer, args.json)
     try:
         path = train_drafter(
             model,
@@ -114,5 +123,46 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"token 2 of each pass: top-1 {second['top1']:.3f}, sum-min(p, q) {second['sum_min']:.3f}, "
                 f"KL {second['kl']:.3f}"
+            )
+    return 0
+
+
+def _rank(model, tokenizer, as_json: bool) -> int:
+    """Score the unscored cached heads on the ranking set, then print each kind's order."""
+    from executor.training.ranking import (
+        RANKED_KINDS,
+        rank_checkpoints,
+        ranking_fingerprint,
+        score_checkpoint,
+    )
+    from executor.training.trainer import cached_checkpoints
+
+    current = ranking_fingerprint()
+    report = {}
+    for kind in RANKED_KINDS:
+        paths = cached_checkpoints(model, kind)
+        for path in paths:
+            card = json.loads((path / "card.json").read_text())
+            if card.get("ranking", {}).get("set") != current:
+                score_checkpoint(path, model, tokenizer)
+        order, table = rank_checkpoints(paths)
+        report[kind] = {"order": [str(p) for p in order], **table}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for kind, table in report.items():
+        if not table["order"]:
+            print(f"{kind}: no cached head for this model")
+            continue
+        print(
+            f"{kind}: ranked on {len(table['files'])} standard-library held-out files none of them read "
+            f"(T = 1, first drafted position); --drafter {kind} uses the first"
+        )
+        for rank, path in enumerate(table["order"], start=1):
+            score = table["scores"][Path(path).name]
+            print(
+                f"  {rank}. {Path(path).name}: sum-min(p, q) {score['sum_min']:.3f} "
+                f"[{score['sum_min_ci'][0]:.3f}, {score['sum_min_ci'][1]:.3f}], top-1 {score['top1']:.3f} "
+                f"over {score['tokens']} tokens"
             )
     return 0

@@ -6,8 +6,17 @@ import hashlib
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from executor.training.corpus import default_corpus, is_held_out, load_corpus, tokenize_chunks
+from executor.training.corpus import (
+    Corpus,
+    default_corpus,
+    documents_read,
+    is_held_out,
+    load_corpus,
+    tokenize_chunks,
+)
 
 
 def test_split_rule_is_the_documented_hash_of_the_relative_path():
@@ -73,3 +82,29 @@ def test_chunks_are_consecutive_windows_with_eos_between_documents():
     assert tokenize_chunks(documents, lambda text: [ord(c) for c in text], 0, 3, 6) == chunks[:2]
     with pytest.raises(ValueError, match="chunk_length must be at least 2"):
         tokenize_chunks(documents, list, 0, 1, 10)
+
+
+def test_a_run_reads_train_documents_in_order_until_the_budget_is_filled():
+    corpus = Corpus("c", [("a", "one two three"), ("b", "four five"), ("c", "six")], [("h", "held out")])
+    encode = lambda text: [len(word) for word in text.split()]  # noqa: E731
+    assert documents_read(corpus, encode, 0) == set()
+    assert documents_read(corpus, encode, 4) == {"a"}  # 3 tokens + end of text
+    assert documents_read(corpus, encode, 5) == {"a", "b"}
+    assert documents_read(corpus, encode, 100) == {"a", "b", "c"}  # never the held-out split
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(1, 12))
+def test_documents_read_are_the_documents_tokenize_chunks_encodes(lengths, windows):
+    chunk_length = 4
+    documents = [(f"d{i}", "x" * n) for i, n in enumerate(lengths)]
+    corpus = Corpus("test", documents, documents[:1])
+    encoded = []
+
+    def encode(text):
+        encoded.append(len(encoded))
+        return [1] * len(text)
+
+    tokenize_chunks(documents, encode, 0, chunk_length, windows * chunk_length)
+    assert documents_read(corpus, lambda text: [1] * len(text), windows * chunk_length) == {
+        f"d{i}" for i in range(len(encoded))
+    }
