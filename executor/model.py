@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor.products import PackedWeight, linear
+
 __all__ = ["Linear", "ModelConfig", "Transformer"]
 
 
@@ -92,46 +94,19 @@ class ModelConfig:
         return self.dim // self.n_heads
 
 
-# Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); without it, oneDNN's bfloat16 GEMM costs
-# about one matrix-vector product per row of activations.
-NATIVE_CPU_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-_UPCAST_BLOCK_ROWS = 4096  # a float32 block of 4096 x 576 (9 MB) stays in the L3 cache
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:math:`x W^T` for activations ``x`` of shape ``(..., in)`` and a row-major weight ``W`` (out, in).
-
-    The formulation is chosen by measurement on the CPU (``docs/benchmarks/model_forward.md``); every one
-    forms the same products and differs from ``F.linear`` only in summation order (float round-off):
-
-    * one row of activations, or not on the CPU: ``F.linear``;
-    * a tall weight (the LM head, ``out >= 8 in``): :math:`(W x^T)^T`, so that MKL sees the 49152 rows as
-      the long side of the GEMM (``x @ W.T`` with 2 rows costs twice one row there);
-    * bfloat16 with 8 or more rows and no native bfloat16 unit: blocks of ``W`` upcast to float32 and
-      multiplied in float32 (bfloat16 products are exact in float32; the sums are float32 either way), then
-      rounded to bfloat16 as oneDNN rounds its float32 accumulator.
-    """
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] == 1 or x.device.type != "cpu":
-        return F.linear(x, weight)
-    shape = (*x.shape[:-1], weight.shape[0])
-    if weight.dtype == torch.bfloat16 and rows.shape[0] >= 8 and not NATIVE_CPU_BF16:
-        columns = rows.float().T
-        blocks = [block.float() @ columns for block in weight.split(_UPCAST_BLOCK_ROWS)]
-        return torch.cat(blocks).T.to(weight.dtype).reshape(shape)
-    if weight.shape[0] >= 8 * weight.shape[1]:
-        return (weight @ rows.T).T.reshape(shape)
-    return F.linear(x, weight)
-
-
 class Linear(nn.Linear):
-    """A bias-free ``nn.Linear`` whose product is :func:`linear`; ``forward(x, rows)`` may take a ``slice`` of
-    output rows. :class:`executor.quantize.Int8Linear` has the same call, so the int8 path swaps modules only."""
+    """A bias-free ``nn.Linear`` whose product is :func:`linear`, or oneDNN's on a blocked copy of the weight
+    where that applies (:mod:`executor.products`: float32 inference on the CPU); ``forward(x, rows)`` may take a
+    ``slice`` of output rows. :class:`executor.quantize.Int8Linear` has the same call, so the int8 path swaps
+    modules only."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
+        self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        if rows is None and self.packed.applies(x, self.weight):
+            return self.packed.linear(x, self.weight)
         return linear(x, self.weight if rows is None else self.weight[rows])
 
 
@@ -382,6 +357,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = None if config.tie_embeddings else Linear(config.dim, config.vocab_size)
+        self.packed_head = PackedWeight()  # the tied head's oneDNN copy (executor.products)
         self.cache_slots = 0
         self.cache_batch_size = 0
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -492,8 +468,11 @@ class Transformer(nn.Module):
         """
         if self.quantized_head is not None:
             return self.quantized_head(normed)
-        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return linear(normed, weight)
+        if self.output is not None:
+            return self.output(normed)
+        if self.packed_head.applies(normed, self.tok_embeddings.weight):
+            return self.packed_head.linear(normed, self.tok_embeddings.weight)
+        return linear(normed, self.tok_embeddings.weight)
 
     @staticmethod
     def _additive_mask(cache_positions, attention_mask, dtype) -> tuple[int, torch.Tensor | None]:

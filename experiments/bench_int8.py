@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from executor.device import detect_hardware, set_threads
 from executor.files import write_json
-from executor.model import linear
+from executor.products import linear
 from executor.weights import load_model
 from experiments.profiling import context_ids, summarise_times
 

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor.products import PackedWeight
+
 __all__ = ["DraftVocabulary", "lm_head_weight"]
 
 
@@ -29,6 +31,7 @@ class DraftVocabulary(nn.Module):
         if full.ndim != 1 or full.numel() == 0 or int(full.min()) < 0 or int(full.max()) >= vocab_size:
             raise ValueError(f"vocab must be a non-empty 1-D set of token ids in [0, {vocab_size})")
         self.register_buffer("vocab", full.unique(), persistent=True)
+        self.packed_vocab = PackedWeight()  # oneDNN's copy of the frozen reduced rows (executor.products)
 
     @property
     def reduced(self) -> bool:
@@ -40,19 +43,21 @@ class DraftVocabulary(nn.Module):
         On a quantised target (:mod:`executor.quantize`) the full vocabulary goes through the target's int8 LM
         head (:meth:`executor.model.Transformer.lm_head`; measured faster than the float rows in
         ``docs/benchmarks/int8.md``); otherwise, for a reduced vocabulary, and when gradients flow (training, online
-        distillation: the int8 kernel has no derivative), through the float rows.
+        distillation: the int8 kernel has no derivative), through the float rows; frozen reduced rows
+        (:meth:`freeze_vocab_weight`) and the full head go through oneDNN's blocked copy where it applies
+        (:mod:`executor.products`).
         """
         weight = lm_head_weight(target)
         reduced = self.reduced
-        if (
-            not reduced
-            and getattr(target, "quantized_head", None) is not None
-            and not torch.is_grad_enabled()
-        ):
-            return target.lm_head(target.norm(features.to(weight.dtype))).float()
         if reduced:
             weight = weight[self.vocab] if not hasattr(self, "_weight_cache") else self._weight_cache
-        logits = F.linear(target.norm(features.to(weight.dtype)), weight).float()
+        normed = target.norm(features.to(weight.dtype))
+        if hasattr(self, "_weight_cache") and self.packed_vocab.applies(normed, weight):
+            logits = self.packed_vocab.linear(normed, weight).float()
+        elif not reduced and not torch.is_grad_enabled():
+            logits = target.lm_head(normed).float()  # the int8 head, or the target's packed copy
+        else:
+            logits = F.linear(normed, weight).float()
         if not (reduced and full):
             return logits
         out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))

@@ -1,0 +1,143 @@
+"""The CPU matrix products: MKL formulations equal F.linear up to round-off; oneDNN's packed copy equals it too,
+does not depend on how many rows share a call, follows every change of its weight and never serves autograd."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from executor import products
+from executor.products import PackedWeight, linear
+
+seeds = st.integers(0, 2**16)
+needs_onednn = pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
+
+
+@given(n=st.integers(1, 70), rows=st.sampled_from([1, 7, 64, 300]), seed=seeds)
+def test_cpu_linear_equals_f_linear_up_to_round_off(n, rows, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, n, 24, generator=generator)
+    weight = torch.randn(rows, 24, generator=generator)
+    result = linear(x, weight)
+    assert result.shape == (1, n, rows)
+    torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+@given(n=st.integers(1, 20), rows=st.sampled_from([5, 300, 5000]), seed=seeds)
+def test_cpu_linear_in_bfloat16_equals_f_linear_up_to_one_rounding(n, rows, seed):
+    # 8+ rows go through float32 blocks: the products are exact and the sums float32 in both, so the
+    # results differ by at most one bfloat16 rounding step (relative 2**-8) of the float32 value.
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, 24, generator=generator).bfloat16()
+    weight = torch.randn(rows, 24, generator=generator).bfloat16()
+    exact = x.double() @ weight.double().T
+    result = linear(x, weight)
+    assert result.dtype == torch.bfloat16 and result.shape == (2, n, rows)
+    assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-6).all()
+
+
+@needs_onednn
+@given(
+    n=st.integers(1, 40),
+    rows=st.sampled_from([1, 7, 64, 300]),
+    columns=st.sampled_from([8, 24, 96]),
+    seed=seeds,
+)
+def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, columns, generator=generator)
+    weight = torch.randn(rows, columns, generator=generator)
+    packed = PackedWeight()
+    with torch.no_grad():
+        assert packed.applies(x, weight)
+        result = packed.linear(x, weight)
+    assert result.shape == (2, n, rows) and result.dtype == torch.float32
+    torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+@given(n=st.integers(2, 40), seed=seeds)
+def test_packed_rows_are_bitwise_the_one_row_products(n, seed):
+    # What makes an n-token verification pass project exactly as n one-token passes.
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 96, generator=generator)
+    weight = torch.randn(300, 96, generator=generator)
+    packed = PackedWeight()
+    with torch.no_grad():
+        together = packed.linear(x, weight)
+        alone = torch.cat([packed.linear(x[i : i + 1], weight) for i in range(n)])
+    assert torch.equal(together, alone)
+
+
+@needs_onednn
+def test_the_packed_copy_follows_in_place_changes_and_replaced_storage():
+    weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
+    x = torch.randn(3, 16)
+    packed = PackedWeight()
+    with torch.no_grad():
+        packed.linear(x, weight)
+        weight.mul_(2)  # in place: the version counter moves
+        torch.testing.assert_close(packed.linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        weight.data = torch.randn(32, 16)  # new storage under the same Parameter (what Module.to does)
+        torch.testing.assert_close(packed.linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_a_stale_packed_copy_would_be_caught(monkeypatch):
+    # Negative control for the test above: a copy that never repacks gives the old weight's product.
+    weight = torch.randn(32, 16)
+    x = torch.randn(3, 16)
+    packed = PackedWeight()
+    with torch.no_grad():
+        before = packed.linear(x, weight)
+        key = packed._key
+        weight.mul_(2)
+        packed._key = (weight.data_ptr(), weight._version, tuple(weight.shape))  # pretend nothing changed
+        assert key != packed._key and torch.equal(packed.linear(x, weight), before)
+
+
+def test_packing_never_serves_autograd_half_precision_or_a_disabled_build(monkeypatch):
+    weight = torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(2, 4)
+    packed = PackedWeight()
+    assert not packed.applies(x, weight)  # gradients enabled
+    with torch.no_grad():
+        assert not packed.applies(x.bfloat16(), weight.bfloat16())
+        monkeypatch.setenv("SPECBOUND_PACKED", "0")
+        assert not products.packing_available() and not packed.applies(x, weight)
+
+
+@needs_onednn
+def test_a_deep_copied_model_packs_its_own_weights_and_computes_the_same(tiny_model):
+    model = tiny_model(3)
+    model.setup_cache(8)
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        first = model(tokens, torch.arange(5))
+        twin = copy.deepcopy(model)  # an opaque oneDNN tensor cannot be deep-copied: the copy repacks
+        twin.setup_cache(8)
+        assert torch.equal(twin(tokens, torch.arange(5)), first)
+
+
+@needs_onednn
+def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_model, monkeypatch):
+    model = tiny_model(5)
+    model.setup_cache(12)
+    tokens = torch.tensor([[2, 7, 1, 8, 2, 8, 1, 8]])
+    calls = []
+    original = PackedWeight.linear
+    monkeypatch.setattr(
+        PackedWeight, "linear", lambda self, x, w: calls.append(w.shape) or original(self, x, w)
+    )
+    with torch.no_grad():
+        packed = model(tokens, torch.arange(8))
+        # wqkv, wo, w13, w2 per layer, and the tied head
+        assert len(calls) == 4 * model.config.n_layers + 1
+        monkeypatch.setenv("SPECBOUND_PACKED", "0")
+        plain = model(tokens, torch.arange(8))
+        assert len(calls) == 4 * model.config.n_layers + 1
+    torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
