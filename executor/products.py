@@ -5,12 +5,12 @@ float32 products on oneDNN's blocked weight layout: one weight read for a few ro
 
 A decoding step multiplies 1-64 rows of activations by every weight of the model, and at these sizes the
 product is bound by reading the weights. MKL's GEMM behind ``F.linear`` reads them at 15 GB/s for one row on
-one core, and for 2-8 rows takes about twice as long as for one (so a float32 forward over 4 drafted tokens
-cost 1.9 one-token forwards). oneDNN's inner-product primitive on a weight reordered once into its blocked
-layout (``torch.ops.mkldnn._reorder_linear_weight``, the layout Inductor's freezing passes use) runs on every
-core and keeps the weight read shared across rows. Measured on SmolLM2-135M's 121 products per forward (AMD
-EPYC Zen 3, 2 threads; docs/benchmarks/model_forward.md): 1 row 22.4 ms against 35.8, 4 rows 29.3 against
-67.5, 8 rows 35.3 against 60.1.
+one core, and takes about twice as long for 2-8 rows as for one (a float32 forward over 4 tokens cost 1.55
+one-token forwards). oneDNN's inner-product primitive on a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) runs on every core and shares the weight read across rows.
+Measured on SmolLM2-135M's 121 products per forward (AMD EPYC Zen 3, 2 threads, ``experiments.bench_products``,
+docs/benchmarks/model_forward.md): 1 row 24.3 ms against 37.3, 4 rows 31.6 against 71.7, 8 rows 36.8 against
+63.9; the whole forward over 4 tokens now costs 1.14 one-token forwards.
 
 Its results do not depend on how many rows share a call (each output row is bitwise the one-row product), so
 an n-token verification pass projects exactly as n one-token passes do; they differ from ``F.linear`` by

@@ -6,7 +6,9 @@ every repetition, so machine load hits all of them alike):
 * ``baseline`` -- ``executor/model.py`` as of git revision ``--baseline-rev`` (the forward before the
   optimisation: repeat_interleave K/V, separate Q/K/V and gate/up projections, per-layer mask casts, RoPE
   recomputed per call, ``F.linear`` LM head), loaded from ``git show`` with the same weights;
-* ``eager`` -- today's :class:`executor.model.Transformer`;
+* ``eager`` -- today's :class:`executor.model.Transformer` (float32 products on oneDNN's packed weights,
+  :mod:`executor.products`);
+* ``unpacked`` -- the same model with the packed path off (``SPECBOUND_PACKED=0``: MKL's products only);
 * ``compiled`` -- the same model after :func:`executor.compiled.compile_model` (compile time reported apart).
 
 For every dtype and n: median, 25th/75th percentiles and minimum of the wall time in ms, the ratio of medians
@@ -37,7 +39,7 @@ from tqdm import tqdm
 from executor.files import write_json
 from executor.weights import load_model
 
-VARIANTS = ("baseline", "eager", "compiled")
+VARIANTS = ("baseline", "eager", "unpacked", "compiled")
 BASELINE_REV = "ff1fe9d"  # main before the forward was optimised (docs/benchmarks/model_forward.md)
 
 
@@ -57,6 +59,28 @@ def load_baseline_class(rev: str):
     return module.Transformer
 
 
+class Unpacked:
+    """``model`` called with :mod:`executor.products`' packed path switched off (it shares the model's weights
+    and cache; every call rewrites the same slots)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.config = model, model.config
+
+    def setup_cache(self, *args, **kwargs) -> None:
+        self.model.setup_cache(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        before = os.environ.get("SPECBOUND_PACKED")
+        os.environ["SPECBOUND_PACKED"] = "0"
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            if before is None:
+                del os.environ["SPECBOUND_PACKED"]
+            else:
+                os.environ["SPECBOUND_PACKED"] = before
+
+
 def build_variants(names, dtype, baseline_rev: str, slots: int) -> tuple[dict, float | None]:
     model, _ = load_model(device="cpu", dtype=dtype)
     variants, compile_seconds = {}, None
@@ -67,6 +91,8 @@ def build_variants(names, dtype, baseline_rev: str, slots: int) -> tuple[dict, f
         variants["baseline"] = baseline.requires_grad_(False).eval()
     if "eager" in names:
         variants["eager"] = model
+    if "unpacked" in names:
+        variants["unpacked"] = Unpacked(model)
     if "compiled" in names:
         from executor.compiled import compile_model
 
