@@ -8,6 +8,7 @@ positions (alpha* iid and wor, n = 2, 4, 8). With ``--widths LOG.npz`` (a full l
 
     .venv/bin/python -m experiments.bench_bound_logs [--scale 0.1] [--widths runs/smollm_full.npz]
     .venv/bin/python -m experiments.bench_bound_logs --million 1000000 --shards 16 --workers 2
+    .venv/bin/python -m experiments.bench_bound_logs --allocator 5000 --pool-log runs/smollm_full.npz
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.logformat import top_k_arrays, write_full_log, write_topk_log
+from experiments.logformat import CHUNK_BYTES, top_k_arrays, write_full_log, write_topk_log
 
 VOCAB = 49152
 SEED = 20251123
@@ -251,6 +252,69 @@ def cpu_rates(cases, pool, scratch: Path) -> dict:
     return rates
 
 
+def allocator_rates(path: str, wor_lows, rounds: int) -> dict:
+    """Positions per CPU-second of one shard with and without :func:`experiments.allocator.retained_heap`.
+
+    Each run starts from a Dask worker's allocator state (``MALLOC_TRIM_THRESHOLD_=65536``, which freezes the
+    mmap threshold at 128 KiB; set here with ``mallopt``) and runs in a thread, as a Dask task does. "plain"
+    is the shard path without the block (main's before it), "retained" is :func:`bound_shard`; alternating,
+    ``rounds`` rounds after a warm-up of each, medians of ``time.process_time``; the two summaries must be
+    identical. On a C library other than glibc both are the plain path.
+    """
+    import threading
+
+    from experiments import allocator
+    from experiments.log_bounds import _bound_shard, bound_shard
+
+    def dask_state() -> None:
+        if allocator._LIBC is not None:
+            allocator._LIBC.mallopt(allocator.M_MMAP_THRESHOLD, allocator.GLIBC_DEFAULT_THRESHOLD)
+            allocator._LIBC.mallopt(allocator.M_TRIM_THRESHOLD, 65536)
+
+    def plain(wor_low):
+        return _bound_shard(path, (2, 4, 8), ("iid", "wor"), (), CHUNK_BYTES, wor_low)
+
+    def retained(wor_low):
+        return bound_shard(path, (2, 4, 8), verifiers=(), wor_low=wor_low)
+
+    def timed(function, wor_low) -> tuple[float, dict]:
+        out = {}
+
+        def task():
+            dask_state()
+            start = time.process_time()
+            out["result"] = function(wor_low)
+            out["cpu"] = time.process_time() - start
+
+        thread = threading.Thread(target=task)
+        thread.start()
+        thread.join()
+        return out["cpu"], out["result"]
+
+    rates = {}
+    for wor_low in wor_lows:
+        seconds: dict[str, list[float]] = {"plain": [], "retained": []}
+        results = {}
+        for round_index in range(rounds + 1):  # round 0 warms both up
+            for label, function in (("plain", plain), ("retained", retained)):
+                cpu, results[label] = timed(function, wor_low)
+                if round_index:
+                    seconds[label].append(cpu)
+        positions = results["plain"]["positions"]
+        entry = {"positions": positions, "identical": results["plain"] == results["retained"]}
+        for label, values in seconds.items():
+            entry[label] = {
+                "cpu_seconds": values,
+                "positions_per_cpu_s": positions / float(np.median(values)),
+            }
+        entry["retained_over_plain"] = (
+            entry["retained"]["positions_per_cpu_s"] / entry["plain"]["positions_per_cpu_s"]
+        )
+        rates[wor_low] = entry
+        print(wor_low, json.dumps(entry), flush=True)
+    return rates
+
+
 def log_smollm(path: str, positions: int = 300) -> int:
     """Log at least ``positions`` drafted positions of SmolLM2 at T = 1 (chain, gamma 4, early-exit drafter)."""
     import torch
@@ -371,9 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench_bound_logs.json")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--cpu-only", action="store_true", help="only the in-process CPU-time rates")
+    parser.add_argument(
+        "--allocator",
+        type=int,
+        default=None,
+        metavar="POSITIONS",
+        help="instead: one top-20 shard of POSITIONS positions bounded with and without the retained heap, "
+        "from a Dask worker's allocator state, --rounds alternating rounds",
+    )
     args = parser.parse_args(argv)
-    if args.scale <= 0 or args.shards < 1 or args.rounds < 1 or args.workers < 1:
-        parser.error("--scale, --shards, --rounds and --workers must be positive")
+    if args.scale <= 0 or args.shards < 1 or args.rounds < 1 or args.workers < 1 or args.allocator == 0:
+        parser.error("--scale, --shards, --rounds, --workers and --allocator must be positive")
     rng = np.random.default_rng(SEED)
     report: dict = {
         "machine": {"cores": len(os.sched_getaffinity(0)), "load_1min": os.getloadavg()[0]},
@@ -384,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             report["million"] = million_run(
                 Path(scratch), args.million, args.shards, args.workers, pool, args.wor_low
+            )
+    elif args.allocator:
+        with tempfile.TemporaryDirectory() as scratch:
+            make_shards(Path(scratch), 1, args.allocator, 20, pool)
+            report["allocator"] = allocator_rates(
+                str(Path(scratch) / "shard_000.npz"), args.wor_low, args.rounds
             )
     elif args.cpu_only:
         cases = [

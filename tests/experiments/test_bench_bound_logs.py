@@ -30,7 +30,18 @@ def test_cpu_only_run_writes_positive_rates_for_each_wor_low(tmp_path):
     assert all(rate["positions_per_cpu_s"] > 0 for rate in rates.values())
 
 
-@pytest.mark.parametrize("flag", ["--scale", "--shards", "--rounds", "--workers"])
+def test_allocator_run_compares_the_two_paths_on_one_shard_and_finds_them_identical(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["--allocator", "30", "--rounds", "1", "--wor-low", "dust", "--out", str(out)]) == 0
+    entry = json.loads(out.read_text())["allocator"]["dust"]
+    assert entry["positions"] == 30 and entry["identical"] is True
+    for label in ("plain", "retained"):
+        assert len(entry[label]["cpu_seconds"]) == 1 and entry[label]["positions_per_cpu_s"] > 0
+    ratio = entry["retained"]["positions_per_cpu_s"] / entry["plain"]["positions_per_cpu_s"]
+    assert entry["retained_over_plain"] == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("flag", ["--scale", "--shards", "--rounds", "--workers", "--allocator"])
 def test_non_positive_sizes_are_refused(tmp_path, flag):
     with pytest.raises(SystemExit) as error:
         main(["--cpu-only", flag, "0", "--out", str(tmp_path / "x.json")])
