@@ -136,18 +136,23 @@ def race_marginal(
     weights = np.exp(log_weights)
     # (U, K) layout: the sums over the K nodes run along the contiguous axis, where numpy sums pairwise
     # (a strided sum over ~500 nodes accumulates ~1e-14 of round-off).
+    # The (U, K) temporaries are formed in place where the operands are not needed again (the same operations
+    # in the same order: bitwise the values of the out-of-place forms, three fewer (U, K) arrays per evaluation).
     clock = _clocks(log_weights, log_nodes)  # w_u t
-    survive = np.exp(-clock)
+    survive = np.negative(clock)
+    np.exp(survive, out=survive)
     phi = lower + masses @ survive  # (K,)
-    density = clock * survive  # w t e^{-w t}
+    density = np.multiply(clock, survive, out=survive)  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
     tail, first = _lower_tail(lower, masses, weights, float(np.exp(log_nodes[0])), n, step)
     r = n * masses * (step * weighted.sum(axis=1) + tail)
     if not jacobian:
         return r
-    diagonal = n * masses * (step * (weighted * (1.0 - clock)).sum(axis=1) + first)
-    scaled = density * masses[:, None]
+    slope = np.subtract(1.0, clock, out=clock)
+    slope *= weighted
+    diagonal = n * masses * (step * slope.sum(axis=1) + first)
+    scaled = np.multiply(density, masses[:, None], out=density)
     cross = (n * (n - 1) * step) * ((scaled * power[None, :]) @ scaled.T)
     return r, np.diag(diagonal) - cross
 
