@@ -33,9 +33,9 @@ __all__ = ["build_tables", "verify_optimal"]
 
 
 def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
-    """The per-row tables of the numpy build, as float64/int64 tensors on ``p``'s device (``item``: int32).
+    """The per-row tables of the numpy build, as float64/int64 tensors on ``p``'s device.
 
-    Keys: ``marginal`` (``r``, shape ``p.shape``), ``item`` (the item of every token, ``p.shape``, int32),
+    Keys: ``marginal`` (``r``, shape ``p.shape``), ``item`` (the item of every token, ``p.shape``),
     ``item_class`` and ``item_log_weight`` (``(..., I)``: priority class and race log-weight of every item, rows
     padded with class -1 and weight 0 to the largest item count). The residual :math:`(p - r)_+` is left to
     :func:`verify_optimal`, which forms it only on a rejection.
@@ -72,13 +72,13 @@ def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Te
 def _item_form(built, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(item of every token, class of every item, log-weight of every item) of one row's build."""
     if built.item is None:  # n = 1 and other builds with per-token tables: every token its own item
-        return np.arange(vocab, dtype=np.int32), built.item_class, built.item_log_weight
+        return np.arange(vocab), built.item_class, built.item_log_weight
     return built.item, built.item_class, built.item_log_weight
 
 
 def selection_probabilities(tables: dict[str, torch.Tensor], drafts: torch.Tensor) -> torch.Tensor:
     """``(..., n)`` probability that each draft position wins the race (0 outside the top class present)."""
-    index = tables["item"].gather(-1, drafts).long()  # the item map is int32 (half the build's fresh memory)
+    index = tables["item"].gather(-1, drafts)
     classes = tables["item_class"].gather(-1, index)
     logs = tables["item_log_weight"].gather(-1, index)
     top = classes == classes.max(dim=-1, keepdim=True).values

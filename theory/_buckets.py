@@ -48,7 +48,7 @@ class Items:
 
     ``p``, ``q``: item masses; ``low``, ``high``: bounds on the ratio of every token of the item (the ratio
     itself for a single token); ``single``: the item is one token; ``count``: tokens per item; ``item``: the
-    item of each support token (int32); ``p_tokens``, ``q_tokens``: the support's masses.
+    item of each support token; ``p_tokens``, ``q_tokens``: the support's masses.
     """
 
     p: np.ndarray
@@ -122,7 +122,7 @@ def singletons(ps: np.ndarray, qs: np.ndarray) -> Items:
     """Every token its own item, sorted by ratio (the exact path)."""
     ratio = ps / qs
     order = np.argsort(ratio, kind="stable")
-    item = np.empty(order.shape[0], dtype=np.int32)
+    item = np.empty(order.shape[0], dtype=np.int64)
     item[order] = np.arange(order.shape[0])
     ones = np.ones(order.shape[0], dtype=bool)
     return Items(ps[order], qs[order], ratio[order], ratio[order], ones, ones.astype(np.int64), item, ps, qs)
@@ -261,11 +261,11 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     group_item = np.where(has_group, first, -1)
     items = int(first[-1] + has_group[-1] + single_count[-1]) if slots else 0
     # Every token's group item (-1: single), by one gather over the coarse keys; split tokens patched.
-    coarse_item = np.full(count.shape[0], -1, dtype=np.int32)
+    coarse_item = np.full(count.shape[0], -1, dtype=np.int64)
     coarse_item[whole] = group_item[coarse_slot]
     if missing:
         coarse_item[absent_key] = items
-    item = np.take(coarse_item, coarse)  # int32: half the fresh memory (and page faults) of int64
+    item = np.take(coarse_item, coarse)
     split_item = group_item[fine_number[split_inverse]]
     item[split] = split_item
     if ok[coarse_slot].all():  # the singles are the heavy tokens and split tokens of slots not grouped

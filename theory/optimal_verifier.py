@@ -85,7 +85,7 @@ class _Tables:
     acceptance: float  # sum min(p, r)
     alpha_star: float
     minimiser_size: int
-    item: np.ndarray | None = None  # (V,) int32 item of each token
+    item: np.ndarray | None = None  # (V,) int64 item of each token
 
     @cached_property
     def class_id(self) -> np.ndarray:
@@ -368,7 +368,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
         return _Tables(r_support, classes, logs, accepted, alpha, minimiser, item_support)
     # Tokens with q = 0 share one extra item (class -1, weight 0).
     r = np.zeros(vocab)
-    item = np.full(vocab, classes.shape[0], dtype=np.int32)
+    item = np.full(vocab, classes.shape[0], dtype=np.int64)
     r[support], item[support] = r_support, item_support
     return _Tables(r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item)
 
