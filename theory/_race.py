@@ -233,11 +233,23 @@ def singleton_bounds(lower: float, masses: np.ndarray, n: int) -> tuple[np.ndarr
 
 
 def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: int) -> np.ndarray:
-    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum."""
-    total = np.zeros_like(high)
-    for j in range(n):
-        total = total + high**j * low ** (n - 1 - j)
-    return mass * total
+    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum.
+
+    Summed from ``j = 0`` as ``0 + h^0 l^{n-1} + h^1 l^{n-2} + ...``, written without the operations that change
+    no value (``0 + y``, ``1 * y``, ``y**1``): 25 array operations instead of 32 at ``n = 8`` (a few are run per
+    build on a few hundred units, each ~2 us), bitwise the same sum.
+    """
+    if n == 1:
+        return mass * np.ones_like(high)
+    total = _power(low, n - 1)
+    for j in range(1, n - 1):
+        total = total + _power(high, j) * _power(low, n - 1 - j)
+    return mass * (total + _power(high, n - 1))
+
+
+def _power(x: np.ndarray, k: int) -> np.ndarray:
+    """``x**k`` (numpy's value; ``x`` itself for ``k = 1``, where ``x**1`` is a copy)."""
+    return x if k == 1 else x**k
 
 
 def _logit_residual(target: np.ndarray, r: np.ndarray, bounds) -> np.ndarray:
