@@ -59,11 +59,12 @@ def build_tables(p: torch.Tensor, q: torch.Tensor, n: int) -> dict[str, torch.Te
         "item": items[0][0] if rows == 1 else np.stack([item for item, _, _ in items]),
     }
     tables = {}
+    on_host = p.device.type == "cpu"  # ~10 us per torch call: no-op moves and views skipped (one row, CPU)
     for key, value in per_token.items():
-        tensor = torch.from_numpy(value).to(p.device)
-        tables[key] = tensor.expand(flat_p.shape).reshape(p.shape)
+        tensor = torch.from_numpy(value) if on_host else torch.from_numpy(value).to(p.device)
+        tables[key] = tensor if tensor.shape == p.shape else tensor.expand(flat_p.shape).reshape(p.shape)
     for key, value in (("item_class", item_class), ("item_log_weight", item_log_weight)):
-        tensor = torch.from_numpy(value).to(p.device)
+        tensor = torch.from_numpy(value) if on_host else torch.from_numpy(value).to(p.device)
         tables[key] = tensor.expand(flat_p.shape[0], width).reshape(*p.shape[:-1], width)
     return tables
 

@@ -36,11 +36,6 @@ import numpy as np
 COARSE_BITS, FINE_BITS = 3, 8
 _SPLIT = 1 << (FINE_BITS - COARSE_BITS)  # fine buckets per coarse bucket
 _SHIFT = 52 - FINE_BITS
-#: Coarse key of the tokens with ``q = 0`` (:func:`bucketed`'s ``absent``): above every ratio's, inf and nan
-#: included (``0x7FF8...`` >> 49 = 16380).
-_ABSENT = (1 << (64 - _SHIFT - (FINE_BITS - COARSE_BITS) - 1)) - 1
-#: Coarse key of the heavy tokens (always single): above every ratio's, below :data:`_ABSENT`.
-_HEAVY = _ABSENT - 1
 #: Block length of :func:`prefix_sums`.
 BLOCK = 256
 #: Absolute margin on the grouping test, far above the round-off of the bucket-level gaps.
@@ -188,18 +183,27 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     np.right_shift(fine, _SHIFT, out=fine)  # the ratio's top bits: monotone in the ratio
     # < 2**15: bincounts over absolute keys stay small
     coarse = np.right_shift(fine, FINE_BITS - COARSE_BITS, out=coarse_buffer.view(np.int64))
+    # Coarse keys relative to the smallest present one: the bucket arrays span the row's ratio range (a few
+    # thousand keys) instead of all 2**14 keys, and stay below malloc's mmap threshold (each fresh 128 kB
+    # bucket array cost ~32 page faults, ~0.3 ms per build over five of them).
+    base = int(coarse.min())  # absent tokens (p/0 = inf, 0/0 = nan) have the largest keys
+    if missing:
+        coarse[absent] = base
+    top = int(coarse.max()) - base
+    heavy_key, absent_key = top + 1, top + 2  # above every present key: heavy tokens, then q = 0 tokens
+    np.subtract(coarse, base, out=coarse)
     heavy = np.flatnonzero((ps >= group_below) | (qs >= group_below))
     if missing:
         heavy = heavy[qs[heavy] > 0]
-        coarse[absent] = _ABSENT  # the last key: its bucket is dropped from every test and item
+        coarse[absent] = absent_key  # the last key: its bucket is dropped from every test and item
     heavy_fine = fine[heavy]
-    heavy_coarse = heavy_fine >> (FINE_BITS - COARSE_BITS)
-    coarse[heavy] = _HEAVY
-    count = np.bincount(coarse, minlength=_HEAVY + 1)  # light tokens per bucket
+    heavy_coarse = (heavy_fine >> (FINE_BITS - COARSE_BITS)) - base
+    coarse[heavy] = heavy_key
+    count = np.bincount(coarse, minlength=heavy_key + 1)  # light tokens per bucket
     light_p = np.bincount(coarse, weights=ps, minlength=count.shape[0])
     light_q = np.bincount(coarse, weights=qs, minlength=count.shape[0])
     heavy_p, heavy_q = ps[heavy], qs[heavy]
-    every = count[:_HEAVY].copy()
+    every = count[:heavy_key].copy()
     np.add.at(every, heavy_coarse, 1)
     nonempty = np.flatnonzero(every)
     bucket_p, bucket_q = light_p[nonempty], light_q[nonempty]
@@ -207,10 +211,11 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
         position = np.searchsorted(nonempty, heavy_coarse)
         np.add.at(bucket_p, position, heavy_p)
         np.add.at(bucket_q, position, heavy_q)
-    nonempty_ok = _groupable(bucket_p, bucket_q, _edge(nonempty * _SPLIT), 2.0**-COARSE_BITS, n, tight)
+    edges = _edge((nonempty + base) * _SPLIT)
+    nonempty_ok = _groupable(bucket_p, bucket_q, edges, 2.0**-COARSE_BITS, n, tight)
     coarse_ok = np.zeros(count.shape[0], dtype=bool)
     coarse_ok[nonempty[nonempty_ok]] = True
-    coarse_ok[_HEAVY:] = True  # heavy and absent tokens are never split
+    coarse_ok[heavy_key:] = True  # heavy and absent tokens are never split
     # Light tokens of the coarse buckets to split and their fine keys (only these tokens are visited), and
     # the heavy tokens of those buckets.
     if nonempty_ok.all():
@@ -224,13 +229,13 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     split_inverse = inverse[: split.shape[0]]
     # Slots in ratio order, keyed by their first absolute fine key: the groupable coarse buckets and the fine
     # buckets of the split ones.
-    used = np.sort(np.concatenate([nonempty[nonempty_ok] * _SPLIT, fine_slots]))
+    used = np.sort(np.concatenate([(nonempty[nonempty_ok] + base) * _SPLIT, fine_slots]))
     slots = used.shape[0]
-    coarse_slot = coarse_ok[used >> (FINE_BITS - COARSE_BITS)]
+    coarse_slot = coarse_ok[(used >> (FINE_BITS - COARSE_BITS)) - base]
     fine_number = np.searchsorted(used, fine_slots)
     group_p, group_q = np.zeros(slots), np.zeros(slots)  # light masses and counts of each slot
     light_count = np.zeros(slots, dtype=np.int64)
-    whole = used[coarse_slot] >> (FINE_BITS - COARSE_BITS)
+    whole = (used[coarse_slot] >> (FINE_BITS - COARSE_BITS)) - base
     group_p[coarse_slot], group_q[coarse_slot], light_count[coarse_slot] = (
         light_p[whole],
         light_q[whole],
@@ -259,8 +264,8 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     coarse_item = np.full(count.shape[0], -1, dtype=np.int64)
     coarse_item[whole] = group_item[coarse_slot]
     if missing:
-        coarse_item[_ABSENT] = items
-    item = coarse_item[coarse]
+        coarse_item[absent_key] = items
+    item = np.take(coarse_item, coarse)
     split_item = group_item[fine_number[split_inverse]]
     item[split] = split_item
     if ok[coarse_slot].all():  # the singles are the heavy tokens and split tokens of slots not grouped

@@ -136,18 +136,23 @@ def race_marginal(
     weights = np.exp(log_weights)
     # (U, K) layout: the sums over the K nodes run along the contiguous axis, where numpy sums pairwise
     # (a strided sum over ~500 nodes accumulates ~1e-14 of round-off).
+    # The (U, K) temporaries are formed in place where the operands are not needed again (the same operations
+    # in the same order: bitwise the values of the out-of-place forms, three fewer (U, K) arrays per evaluation).
     clock = _clocks(log_weights, log_nodes)  # w_u t
-    survive = np.exp(-clock)
+    survive = np.negative(clock)
+    np.exp(survive, out=survive)
     phi = lower + masses @ survive  # (K,)
-    density = clock * survive  # w t e^{-w t}
+    density = np.multiply(clock, survive, out=survive)  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
     tail, first = _lower_tail(lower, masses, weights, float(np.exp(log_nodes[0])), n, step)
     r = n * masses * (step * weighted.sum(axis=1) + tail)
     if not jacobian:
         return r
-    diagonal = n * masses * (step * (weighted * (1.0 - clock)).sum(axis=1) + first)
-    scaled = density * masses[:, None]
+    slope = np.subtract(1.0, clock, out=clock)
+    slope *= weighted
+    diagonal = n * masses * (step * slope.sum(axis=1) + first)
+    scaled = np.multiply(density, masses[:, None], out=density)
     cross = (n * (n - 1) * step) * ((scaled * power[None, :]) @ scaled.T)
     return r, np.diag(diagonal) - cross
 
@@ -228,11 +233,23 @@ def singleton_bounds(lower: float, masses: np.ndarray, n: int) -> tuple[np.ndarr
 
 
 def _power_difference(high: np.ndarray, low: np.ndarray, mass: np.ndarray, n: int) -> np.ndarray:
-    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum."""
-    total = np.zeros_like(high)
-    for j in range(n):
-        total = total + high**j * low ** (n - 1 - j)
-    return mass * total
+    r""":math:`h^n - l^n = m \sum_{j<n} h^j l^{n-1-j}` with ``m = h - l`` given as a direct sum.
+
+    Summed from ``j = 0`` as ``0 + h^0 l^{n-1} + h^1 l^{n-2} + ...``, written without the operations that change
+    no value (``0 + y``, ``1 * y``, ``y**1``): 25 array operations instead of 32 at ``n = 8`` (a few are run per
+    build on a few hundred units, each ~2 us), bitwise the same sum.
+    """
+    if n == 1:
+        return mass * np.ones_like(high)
+    total = _power(low, n - 1)
+    for j in range(1, n - 1):
+        total = total + _power(high, j) * _power(low, n - 1 - j)
+    return mass * (total + _power(high, n - 1))
+
+
+def _power(x: np.ndarray, k: int) -> np.ndarray:
+    """``x**k`` (numpy's value; ``x`` itself for ``k = 1``, where ``x**1`` is a copy)."""
+    return x if k == 1 else x**k
 
 
 def _logit_residual(target: np.ndarray, r: np.ndarray, bounds) -> np.ndarray:

@@ -238,7 +238,8 @@ def _class_target(member: np.ndarray, weight: np.ndarray, p: np.ndarray, mass: f
     # Polish to round-off: the side of p the structure theorem asks for (r <= p when the class is selected less
     # often than p(C), else r >= p) holds exactly, the sum is 1; the moves are at the LP's tolerance, far
     # inside the margin of the deepest point.
-    if 1.0 <= scaled_p.sum():
+    above = 1.0 <= scaled_p.sum()
+    if above:
         target = np.minimum(target, scaled_p)
         room = scaled_p - target
         if room.sum() > 0:
@@ -248,8 +249,40 @@ def _class_target(member: np.ndarray, weight: np.ndarray, p: np.ndarray, mass: f
         room = target - scaled_p
         if room.sum() > 0:
             target = target - room * ((target.sum() - 1.0) / room.sum())
+    # The singleton bounds (a token wins alone, or whenever drafted), in units of the class mass: HiGHS's
+    # tolerance left targets 2.5e-10 above the most a token can win, which no weights reach.
+    low = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1)) / mass
+    high = member.T.astype(np.float64) @ weight / mass
+    target = _into_singleton_bounds(target, low, high, scaled_p, above)
     target = np.maximum(target, 1e-300)
     return target * (mass / target.sum())
+
+
+def _into_singleton_bounds(target, low, high, p, above: bool) -> np.ndarray:
+    r"""``target`` clipped into :math:`[\ell_y, h_y]` per token, the mass moved by the clip given back to the
+    tokens with room, so that the sum is unchanged.
+
+    The mass moved is the sum of the clipped amounts (each a difference of nearby numbers, exact to round-off),
+    not ``sum - target.sum()``, which cancels. Tokens receive it in proportion to their room below
+    :math:`\min(h, p)` (``above``: the side of ``p`` the acceptance needs) or give it in proportion to their
+    room above :math:`\max(\ell, p)` (below the minimiser); when that room falls short, the room to the
+    bound alone (lossless anyway: only the acceptance shows it).
+    """
+    clipped = np.minimum(np.maximum(target, low), high)
+    moved = target - clipped
+    excess = float(moved[moved > 0].sum()) - float(-moved[moved < 0].sum())  # clipped down minus raised
+    if excess > 0:  # give the excess to tokens below their ceiling
+        rooms = (np.minimum(high, p) if above else high) - clipped, high - clipped
+    elif excess < 0:  # take the deficit from tokens above their floor
+        rooms = clipped - (low if above else np.maximum(low, p)), clipped - low
+    else:
+        return clipped
+    for room in rooms:
+        room = np.maximum(room, 0.0)
+        total = float(room.sum())
+        if total >= abs(excess):
+            return clipped + np.sign(excess) * room * (abs(excess) / total)
+    return clipped  # no room (not met): the sum is restored by the caller's normalisation
 
 
 def _race(member: np.ndarray, weight: np.ndarray, log_weights: np.ndarray, hessian: bool = False):

@@ -10,6 +10,8 @@ supports, q = 1e-18, p = q, peaked q, alpha* = 1 with a tight set, ties), with n
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 from tests.theory.test_optimal_verifier import degenerate_pairs, enumerated, perturbed
 from theory import check_lossless, optimal_acceptance, optimal_verifier, optimal_verifier_wor, strategies
 from theory.draft_laws import enumerate_drafts, sample_drafts
+
+wor_module = importlib.import_module("theory.optimal_verifier_wor")
 
 
 @st.composite
@@ -154,6 +158,68 @@ def test_a_class_target_just_outside_the_polytope_still_reaches_alpha_star():
     # P(output in drafts) counts sum min(p, r) and residual draws that hit another draft.
     assert v.acceptance - 1e-12 <= acceptance <= v.alpha_star + 1e-12
     assert 0.0 <= v.shortfall <= 1e-9
+
+
+def test_lp_targets_outside_the_singleton_bounds_are_clipped(monkeypatch):
+    """The pair above: HiGHS puts two upper-class targets 2.9e-10 and 2.4e-10 (of the class mass) above the
+    most those tokens can win. Newton then stops short of them (shortfall 7.4e-11 with the targets as the LP
+    left them); clipped into the singleton bounds, the mass moved given to the tokens with room, the build
+    reaches alpha*_wor to round-off."""
+    calls = []
+    original = wor_module._into_singleton_bounds
+
+    def spy(target, low, high, p, above):
+        clipped = original(target, low, high, p, above)
+        calls.append((target, high, clipped))
+        return clipped
+
+    monkeypatch.setattr(wor_module, "_into_singleton_bounds", spy)
+    p, q = WOR_TOP_EIGHT_PAIR
+    v = optimal_verifier_wor(p, q, 3)
+    assert any(np.any(target > high + 1e-11) for target, high, _ in calls)  # the LP left the polytope
+    assert all(np.all(clipped <= high) for _, high, clipped in calls)
+    assert 0.0 <= v.shortfall <= 1e-12
+    assert abs(v.alpha_star - optimal_acceptance(p, q, 3, draft="wor")) <= 1e-12
+
+
+@st.composite
+def clip_cases(draw):
+    """Bounds low <= high around a point x summing to 1, p on the side of x the class asks for, and a
+    target moved from x by a zero-sum step that may leave the bounds."""
+    size = draw(st.integers(2, 6))
+    unit = st.floats(0.0, 1.0)
+    low = np.array(draw(st.lists(unit, min_size=size, max_size=size)))
+    width = np.array(draw(st.lists(unit, min_size=size, max_size=size)))
+    share = np.array(draw(st.lists(unit, min_size=size, max_size=size)))
+    high = low + width
+    x = low + share * width
+    scale = x.sum()
+    if scale <= 1e-6:
+        low, high, x, scale = np.zeros(size), np.ones(size), np.full(size, 1.0 / size), 1.0
+    low, high, x = low / scale, high / scale, x / scale
+    above = draw(st.booleans())
+    slack = np.array(draw(st.lists(unit, min_size=size, max_size=size))) / size
+    p = x + slack if above else np.maximum(x - slack, 0.0)
+    a, b = draw(st.integers(0, size - 1)), draw(st.integers(0, size - 1))
+    step = draw(st.floats(-0.5, 0.5))
+    target = x.copy()
+    target[a] += step
+    target[b] -= step
+    return target, low, high, p, above
+
+
+@given(clip_cases())
+def test_clipped_targets_stay_in_the_singleton_bounds_with_their_sum_and_their_side_of_p(case):
+    target, low, high, p, above = case
+    clipped = wor_module._into_singleton_bounds(target, low, high, p, above)
+    tolerance = 1e-15 * (1.0 + np.abs(target).sum())
+    assert np.all(clipped >= low - tolerance) and np.all(clipped <= high + tolerance)
+    assert abs(clipped.sum() - target.sum()) <= 4 * tolerance
+    # Tokens on the side of p the class asks for stay there (room for the moved mass exists: x is inside).
+    if above:
+        assert np.all(clipped[target <= p] <= p[target <= p] + tolerance)
+    else:
+        assert np.all(clipped[target >= p] >= p[target >= p] - tolerance)
 
 
 def test_without_replacement_beats_the_iid_construction_on_a_peaked_draft():
