@@ -21,6 +21,7 @@ training) what was read is unknown and the card says ``null``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -50,7 +51,9 @@ WINDOW = 512
 RANKED_KINDS = ("feature", "falcon")
 
 
+@functools.lru_cache(maxsize=1)
 def _ranking_documents() -> list[tuple[str, str]]:
+    """The default corpus's held-out split, read once per process (every ranking needs its fingerprint)."""
     from executor.training.corpus import default_corpus
 
     return default_corpus().held_out

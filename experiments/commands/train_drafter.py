@@ -118,6 +118,15 @@ def run(args: argparse.Namespace) -> int:
             f"sum-min(p, q) {held['sum_min']:.3f}, KL {held['kl']:.3f}; {card['steps']} steps, "
             f"{card['tokens']} tokens, {card['seconds']} s; draft vocabulary {card['draft_vocab']['chosen']}"
         )
+        if "ranking" in card:
+            from executor.training.ranking import common_scores
+
+            score = common_scores({path.name: card["ranking"]})[0][path.name]
+            print(
+                f"common ranking set ({score['tokens']} tokens of standard-library held-out files): sum-min(p, q) "
+                f"{score['sum_min']:.3f} [{score['sum_min_ci'][0]:.3f}, {score['sum_min_ci'][1]:.3f}]; "
+                "`specbound train-drafter --rank` compares the cached heads"
+            )
         if "held_out_token2" in card:
             second = card["held_out_token2"]
             print(

@@ -53,7 +53,6 @@ def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
     weight = torch.randn(rows, columns, generator=generator)
     packed = PackedWeight()
     with torch.no_grad():
-        assert packed.applies(x, weight)
         result = packed.linear(x, weight)
     assert result.shape == (2, n, rows) and result.dtype == torch.float32
     torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
@@ -100,19 +99,22 @@ def test_a_stale_packed_copy_would_be_caught(monkeypatch):
         assert key != packed._key and torch.equal(packed.linear(x, weight), before)
 
 
-def test_packing_never_serves_autograd_half_precision_or_a_disabled_build(monkeypatch):
-    weight = torch.randn(8, 4, requires_grad=True)
-    x = torch.randn(2, 4)
+def test_packing_never_serves_autograd_half_precision_small_weights_or_a_disabled_build(monkeypatch):
+    weight = torch.randn(1024, 256, requires_grad=True)
+    x = torch.randn(2, 256)
     packed = PackedWeight()
     assert not packed.applies(x, weight)  # gradients enabled
     with torch.no_grad():
+        assert packed.applies(x, weight) == products.packing_available()
         assert not packed.applies(x.bfloat16(), weight.bfloat16())
+        assert not packed.applies(x[:, :16], weight[:16, :16])  # below MIN_PACKED_ELEMENTS: MKL is faster
         monkeypatch.setenv("SPECBOUND_PACKED", "0")
         assert not products.packing_available() and not packed.applies(x, weight)
 
 
 @needs_onednn
-def test_a_deep_copied_model_packs_its_own_weights_and_computes_the_same(tiny_model):
+def test_a_deep_copied_model_packs_its_own_weights_and_computes_the_same(tiny_model, monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)  # pack even a test model's small weights
     model = tiny_model(3)
     model.setup_cache(8)
     tokens = torch.tensor([[3, 1, 4, 1, 5]])
@@ -125,6 +127,7 @@ def test_a_deep_copied_model_packs_its_own_weights_and_computes_the_same(tiny_mo
 
 @needs_onednn
 def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_model, monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)  # pack even a test model's small weights
     model = tiny_model(5)
     model.setup_cache(12)
     tokens = torch.tensor([[2, 7, 1, 8, 2, 8, 1, 8]])
