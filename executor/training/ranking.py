@@ -107,6 +107,8 @@ def ranking_files_read(card: dict, encode, documents=None) -> list[str] | None:
     name = corpus_card.get("name", "")
     if name.startswith("stdlib-"):
         return []
+    if not name:  # no corpus on the card (load_corpus("") would read the working directory)
+        return None
     try:
         corpus = load_corpus(name)
     except ValueError:

@@ -157,6 +157,7 @@ def test_the_ranking_files_a_directory_corpus_read_are_found_by_text(tmp_path):
     (directory / "f0.py").write_text("changed")  # the corpus changed since training: unknown
     assert ranking.ranking_files_read(card, encode, DOCS) is None
     assert ranking.ranking_files_read({"corpus": {"name": "stdlib-3.11"}}, encode, DOCS) == []
+    assert ranking.ranking_files_read({}, encode, DOCS) is None  # no corpus named: unknown
 
 
 def test_cached_checkpoints_put_the_head_better_on_unread_files_first(tmp_path, monkeypatch):
