@@ -251,11 +251,17 @@ def _class_target(member: np.ndarray, weight: np.ndarray, p: np.ndarray, mass: f
             target = target - room * ((target.sum() - 1.0) / room.sum())
     # The singleton bounds (a token wins alone, or whenever drafted), in units of the class mass: HiGHS's
     # tolerance left targets 2.5e-10 above the most a token can win, which no weights reach.
-    low = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1)) / mass
-    high = member.T.astype(np.float64) @ weight / mass
-    target = _into_singleton_bounds(target, low, high, scaled_p, above)
+    alone, drafted = _singleton_bounds(member, weight)
+    target = _into_singleton_bounds(target, alone / mass, drafted / mass, scaled_p, above)
     target = np.maximum(target, 1e-300)
     return target * (mass / target.sum())
+
+
+def _singleton_bounds(member: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per token, the probability that it is drafted alone and that it is drafted, with the class on top: the
+    least and the most of the class's selection a token can win (the bounds of any race marginal)."""
+    counts = member.T.astype(np.float64)
+    return counts @ (weight * (member.sum(axis=1) == 1)), counts @ weight
 
 
 def _into_singleton_bounds(target, low, high, p, above: bool) -> np.ndarray:
@@ -308,8 +314,7 @@ def _fit(member: np.ndarray, weight: np.ndarray, target: np.ndarray):
     class's (tied in p/q with tokens of mass 1/3) is reached with the others: the plain Newton loop used
     before could not move its log-weight that far and stopped 8e-7 short on the others, so such tokens were
     set apart as losers (``DEAD_SHARE``); the shared loop needs no such rule."""
-    counts = member.T.astype(np.float64) @ weight  # P(token drafted, class on top): r's upper bound
-    alone = member.T.astype(np.float64) @ (weight * (member.sum(axis=1) == 1))  # it wins alone: the lower one
+    alone, counts = _singleton_bounds(member, weight)
     return newton_fit(
         lambda lw: _race(member, weight, lw, hessian=True)[::2],
         lambda lw: _race(member, weight, lw)[1],
