@@ -145,7 +145,8 @@ def _window_sums(head, kind: str, target, features, index: int) -> dict:
 
 
 def score_checkpoint(path, target, tokenizer, documents=None, progress: bool = True) -> dict:
-    """Score the head at ``path`` on the ranking set and store the result in its card (``ranking``).
+    """Score the head at ``path`` on the ranking set and store the result in its card (``ranking``); a card
+    already scored on the current ranking set is returned as it is (each head is scored once).
 
     Returns the entry ``{"set": fingerprint, "files": {file: [Σ sum_min, Σ top1, tokens]}, "read": [...] | None}``.
     """
@@ -153,12 +154,15 @@ def score_checkpoint(path, target, tokenizer, documents=None, progress: bool = T
 
     path = Path(path)
     card = json.loads((path / CARD_NAME).read_text())
+    documents = _ranking_documents() if documents is None else documents
+    current = ranking_fingerprint(documents)
+    if isinstance(card.get("ranking"), dict) and card["ranking"].get("set") == current:
+        return card["ranking"]
     kind = card.get("kind")
     if kind not in RANKED_KINDS:
         raise ValueError(
             f"checkpoint {str(path)!r} is a {kind!r} head; the ranking set scores {RANKED_KINDS}"
         )
-    documents = _ranking_documents() if documents is None else documents
     features, files = ranking_features(target, tokenizer, documents, progress=progress)
     head = _head(path, target, kind)
     per_file: dict[str, list[float]] = {}
@@ -170,7 +174,7 @@ def score_checkpoint(path, target, tokenizer, documents=None, progress: bool = T
             totals[1] += sums["top1"]
             totals[2] += int(sums["tokens"])
     entry = {
-        "set": ranking_fingerprint(documents),
+        "set": current,
         "files": per_file,
         "read": ranking_files_read(card, tokenizer.encode, documents),
     }

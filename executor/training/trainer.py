@@ -457,9 +457,7 @@ def train_drafter(
     else:
         train_head = train_feature_head
     train_head(target, train, held_out, out, config, card_extra=card_extra, progress=progress)
-    from executor.training.ranking import ranking_fingerprint, score_checkpoint
+    from executor.training.ranking import score_checkpoint
 
-    card = json.loads((Path(out) / "card.json").read_text())
-    if card.get("ranking", {}).get("set") != ranking_fingerprint():  # once per head: the common yardstick
-        score_checkpoint(out, target, tokenizer, progress=progress)
+    score_checkpoint(out, target, tokenizer, progress=progress)  # the common yardstick (once per head)
     return out

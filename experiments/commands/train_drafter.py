@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
             score = common_scores({path.name: card["ranking"]})[0][path.name]
             print(
-                f"common ranking set ({score['tokens']} tokens of standard-library held-out files): sum-min(p, q) "
-                f"{score['sum_min']:.3f} [{score['sum_min_ci'][0]:.3f}, {score['sum_min_ci'][1]:.3f}]; "
+                f"common ranking set (standard-library held-out files): {_describe(score)}; "
                 "`specbound train-drafter --rank` compares the cached heads"
             )
         if "held_out_token2" in card:
@@ -138,22 +137,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _rank(model, tokenizer, as_json: bool) -> int:
     """Score the unscored cached heads on the ranking set, then print each kind's order."""
-    from executor.training.ranking import (
-        RANKED_KINDS,
-        rank_checkpoints,
-        ranking_fingerprint,
-        score_checkpoint,
-    )
+    from executor.training.ranking import RANKED_KINDS, rank_checkpoints, score_checkpoint
     from executor.training.trainer import cached_checkpoints
 
-    current = ranking_fingerprint()
     report = {}
     for kind in RANKED_KINDS:
         paths = cached_checkpoints(model, kind)
         for path in paths:
-            card = json.loads((path / "card.json").read_text())
-            if card.get("ranking", {}).get("set") != current:
-                score_checkpoint(path, model, tokenizer)
+            score_checkpoint(path, model, tokenizer)  # only the heads not scored yet
         order, table = rank_checkpoints(paths)
         report[kind] = {"order": [str(p) for p in order], **table}
     if as_json:
@@ -168,10 +159,14 @@ def _rank(model, tokenizer, as_json: bool) -> int:
             f"(T = 1, first drafted position); --drafter {kind} uses the first"
         )
         for rank, path in enumerate(table["order"], start=1):
-            score = table["scores"][Path(path).name]
-            print(
-                f"  {rank}. {Path(path).name}: sum-min(p, q) {score['sum_min']:.3f} "
-                f"[{score['sum_min_ci'][0]:.3f}, {score['sum_min_ci'][1]:.3f}], top-1 {score['top1']:.3f} "
-                f"over {score['tokens']} tokens"
-            )
+            print(f"  {rank}. {Path(path).name}: {_describe(table['scores'][Path(path).name])}")
     return 0
+
+
+def _describe(score: dict) -> str:
+    """One ranking score (:func:`executor.training.ranking.common_scores`) as text."""
+    low, high = score["sum_min_ci"]
+    return (
+        f"sum-min(p, q) {score['sum_min']:.3f} [{low:.3f}, {high:.3f}], top-1 {score['top1']:.3f} "
+        f"over {score['tokens']} tokens"
+    )

@@ -78,6 +78,18 @@ def test_per_file_scores_equal_a_direct_evaluation_and_the_card_still_loads(tmp_
         assert sum_min / tokens == pytest.approx(direct["sum_min"], rel=1e-6)
         assert top1 / tokens == pytest.approx(direct["top1"], rel=1e-6)
     assert set(entry["files"]) == {"a.py", "b.py", "d.py"}
+    # Once per head: a card scored on the current set is returned without scoring again; another set rescores.
+    calls = []
+    original = ranking.ranking_features
+    monkeypatch.setattr(ranking, "ranking_features", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert ranking.score_checkpoint(path, target, tokenizer, documents=DOCS, progress=False) == entry
+    assert calls == []
+    other = ranking.score_checkpoint(path, target, tokenizer, documents=DOCS[:2], progress=False)
+    assert (
+        calls == [1]
+        and other["set"] == ranking.ranking_fingerprint(DOCS[:2])
+        and set(other["files"]) == {"a.py", "b.py"}
+    )
 
 
 def entry(scores: dict[str, tuple[float, int]], read, documents=DOCS) -> dict:
