@@ -105,9 +105,9 @@ class Linear(nn.Linear):
         self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        if rows is None and self.packed.applies(x, self.weight):
-            return self.packed.linear(x, self.weight)
-        return linear(x, self.weight if rows is None else self.weight[rows])
+        if rows is None:
+            return self.packed.product(x, self.weight)
+        return linear(x, self.weight[rows])
 
 
 class RMSNorm(nn.Module):
@@ -470,9 +470,7 @@ class Transformer(nn.Module):
             return self.quantized_head(normed)
         if self.output is not None:
             return self.output(normed)
-        if self.packed_head.applies(normed, self.tok_embeddings.weight):
-            return self.packed_head.linear(normed, self.tok_embeddings.weight)
-        return linear(normed, self.tok_embeddings.weight)
+        return self.packed_head.product(normed, self.tok_embeddings.weight)
 
     @staticmethod
     def _additive_mask(cache_positions, attention_mask, dtype) -> tuple[int, torch.Tensor | None]:

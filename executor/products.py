@@ -22,8 +22,7 @@ made again when the weight changes in place (its ``Tensor._version``) or its sto
 second copy of each float32 weight in memory. It is used only where it is exact to do so and measured to pay:
 float32 activations on the CPU, weights of at least :data:`MIN_PACKED_ELEMENTS` entries, no autograd, not while
 ``torch.compile`` traces, and where oneDNN has the primitive (x86 builds of torch); anywhere else the caller's
-plain product runs. ``SPECBOUND_PACKED=0`` turns it
-off (for comparisons).
+plain product runs. ``SPECBOUND_PACKED=0`` turns it off (for comparisons).
 """
 
 from __future__ import annotations
@@ -113,6 +112,10 @@ class PackedWeight:
             and not torch.compiler.is_compiling()
             and packing_available()
         )
+
+    def product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """:math:`x W^T`: on the packed copy where it :meth:`applies`, else by :func:`linear`."""
+        return self.linear(x, weight) if self.applies(x, weight) else linear(x, weight)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """:math:`x W^T` for ``x`` ``(..., in)`` on the blocked copy of ``weight`` ``(out, in)``."""
