@@ -22,6 +22,13 @@ With ``dynamic=False`` each ``(n, slots, cache size)`` is its own static graph: 
 only (a decoding run reaches the recompile limit within its first prompt).
 :func:`warm_up` runs each bucket once so that compilation happens before timing.
 
+Products: float32 products on the CPU stay on oneDNN's packed weights (:mod:`executor.products`): the
+operator ``torch.ops.specbound.packed_linear`` is one opaque call in the graph, and Inductor fuses the norms,
+RoPE, SwiGLU and residual additions between the calls. Inductor's own weight packing (``freezing``) is not
+used: alone it picks MKL's packed GEMM for float32 on x86, slower here at 2-8 rows; with ``max_autotune_gemm``
+its C++ micro-GEMM ran SmolLM2 one token in 23-28 ms against 35 (separate runs), but each process compiled for
+5-6 minutes, because a graph with frozen weights bypasses the compile cache (docs/benchmarks/model_forward.md).
+
 Compile cache: Inductor's on-disk FX-graph cache lets a later process load the compiled graphs instead of
 compiling them again (Dynamo still traces the model). :func:`compile_model` points it at
 ``$XDG_CACHE_HOME/specbound/inductor`` (next to the drafters) unless ``TORCHINDUCTOR_CACHE_DIR`` is set
@@ -47,6 +54,7 @@ import torch._dynamo.exc
 import torch._inductor.exc
 
 from executor.model import Transformer
+from executor.products import packing_available
 
 __all__ = ["compile_and_warm_up", "compile_model", "compiler_available", "inductor_cache_dir", "warm_up"]
 
@@ -101,6 +109,7 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
         raise ValueError(f"model must be an executor.model.Transformer, got {type(model).__name__}")
     if model.tok_embeddings.weight.device.type == "cpu" and not compiler_available():
         return _fallback(model, "torch.compile needs a C++ compiler and none was found")
+    packing_available()  # probed eagerly: the probe cannot run while Dynamo traces
     # Inductor reads it when it compiles (its compile workers inherit it); set before the first compilation.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
     compiled = torch.compile(model.layers_and_head, dynamic=dynamic, fullgraph=True, mode=mode)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.products import PackedWeight, linear
+from executor.products import linear, product
 
 __all__ = ["Linear", "ModelConfig", "Transformer"]
 
@@ -102,11 +102,10 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         if rows is None:
-            return self.packed.product(x, self.weight)
+            return product(x, self.weight)
         return linear(x, self.weight[rows])
 
 
@@ -357,7 +356,6 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = None if config.tie_embeddings else Linear(config.dim, config.vocab_size)
-        self.packed_head = PackedWeight()  # the tied head's oneDNN copy (executor.products)
         self.cache_slots = 0
         self.cache_batch_size = 0
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -470,7 +468,7 @@ class Transformer(nn.Module):
             return self.quantized_head(normed)
         if self.output is not None:
             return self.output(normed)
-        return self.packed_head.product(normed, self.tok_embeddings.weight)
+        return product(normed, self.tok_embeddings.weight)
 
     @staticmethod
     def _additive_mask(cache_positions, attention_mask, dtype) -> tuple[int, torch.Tensor | None]:

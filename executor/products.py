@@ -1,6 +1,6 @@
 """The model's matrix products :math:`x W^T` on few rows of activations, chosen by measurement on the CPU.
 
-:func:`linear` picks among MKL formulations (docs/benchmarks/model_forward.md); :class:`PackedWeight` runs
+:func:`linear` picks among MKL formulations (docs/benchmarks/model_forward.md); :func:`packed_linear` runs
 float32 products on oneDNN's blocked weight layout: one weight read for a few rows of activations.
 
 A decoding step multiplies 1-64 rows of activations by every weight of the model, and at these sizes the
@@ -16,13 +16,17 @@ Its results do not depend on how many rows share a call (each output row is bitw
 an n-token verification pass projects exactly as n one-token passes do; they differ from ``F.linear`` by
 summation order only (float round-off, ~1e-6 relative).
 
-:class:`PackedWeight` keeps the blocked copy next to the module that owns the weight: made on first use and
-made again when the weight changes in place (its ``Tensor._version``) or its storage is replaced, never copied by
-``copy.deepcopy`` (an opaque oneDNN tensor has no storage; the copy packs its own on first use). It costs a
-second copy of each float32 weight in memory. It is used only where it is exact to do so and measured to pay:
-float32 activations on the CPU, weights of at least :data:`MIN_PACKED_ELEMENTS` entries, no autograd, not while
-``torch.compile`` traces, and where oneDNN has the primitive (x86 builds of torch); anywhere else the caller's
-plain product runs. ``SPECBOUND_PACKED=0`` turns it off (for comparisons).
+The blocked copy of each weight lives in a weak table keyed on the weight tensor itself: made on first use, made
+again when the weight changes in place (its ``Tensor._version``) or its storage is replaced, freed with the
+weight; a deep-copied model packs its own. It costs a second copy of each float32 weight in memory. It is used
+only where it is exact to do so and measured to pay: float32 activations on the CPU, weights of at least
+:data:`MIN_PACKED_ELEMENTS` entries, no autograd, and where oneDNN has the primitive (x86 builds of torch);
+anywhere else :func:`linear` runs. ``SPECBOUND_PACKED=0`` turns it off (for comparisons).
+
+The product is the operator ``torch.ops.specbound.packed_linear`` (:func:`packed_linear`), so ``torch.compile``
+keeps it as one opaque call in the compiled graph (:mod:`executor.compiled`) and fuses the element-wise work
+around it; the operator looks the blocked copy up when it runs, so a compiled graph sees every change of the
+weight too.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["NATIVE_CPU_BF16", "PackedWeight", "linear", "packing_available"]
+__all__ = ["NATIVE_CPU_BF16", "linear", "packed_linear", "packing_applies", "packing_available", "product"]
 
 #: The reorder's batch-size hint: measured best for 1-32 rows (1 row 24.3 ms with the hint 8, 26.7 with 1).
 BATCH_HINT = 8
@@ -42,6 +47,7 @@ BATCH_HINT = 8
 MIN_PACKED_ELEMENTS = 1 << 18
 
 _AVAILABLE: bool | None = None
+_LINEAR_POINTWISE = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None), "default", None)
 
 # Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); without it, oneDNN's bfloat16 GEMM costs
 # about one matrix-vector product per row of activations.
@@ -76,54 +82,85 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def packing_available() -> bool:
-    """Whether this torch build reorders and multiplies float32 weights with oneDNN (tried once, then cached)."""
+    """Whether this torch build reorders and multiplies float32 weights with oneDNN (tried once, then cached).
+
+    While ``torch.compile`` traces, the probe cannot run (the oneDNN operators have no shape functions), so an
+    untried build counts as unavailable there; :func:`executor.compiled.compile_model` tries it first.
+    """
     global _AVAILABLE
     if os.environ.get("SPECBOUND_PACKED", "1") == "0":
         return False
-    if _AVAILABLE is None:
+    if _AVAILABLE is None and not torch.compiler.is_compiling():
         try:
             probe = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), BATCH_HINT)
-            out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), probe, None, "none", [], "")
+            out = _LINEAR_POINTWISE(torch.ones(1, 2), probe, None, "none", [], "")
             _AVAILABLE = bool(torch.backends.mkldnn.is_available()) and out.tolist() == [[2.0, 2.0]]
-        except (RuntimeError, AttributeError, NotImplementedError):
+        except (RuntimeError, AttributeError, NotImplementedError, TypeError):
             _AVAILABLE = False
-    return _AVAILABLE
+    return bool(_AVAILABLE)
 
 
-class PackedWeight:
-    """The oneDNN-blocked copy of one weight, kept in step with it (see the module docstring)."""
+def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x W^T`` should run on the packed copy of ``weight`` (see the module docstring)."""
+    return (
+        x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.numel() >= MIN_PACKED_ELEMENTS
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and packing_available()
+    )
 
-    def __init__(self) -> None:
-        self._packed: torch.Tensor | None = None
-        self._key: tuple | None = None
 
-    def __deepcopy__(self, memo) -> PackedWeight:
-        return PackedWeight()
+def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:math:`x W^T`: on the packed copy where :func:`packing_applies`, else by :func:`linear`."""
+    return packed_linear(x, weight) if packing_applies(x, weight) else linear(x, weight)
 
-    def applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether ``x W^T`` should run on the packed copy."""
-        return (
-            x.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and weight.numel() >= MIN_PACKED_ELEMENTS
-            and x.device.type == "cpu"
-            and weight.device.type == "cpu"
-            and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
-            and packing_available()
-        )
 
-    def product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """:math:`x W^T`: on the packed copy where it :meth:`applies`, else by :func:`linear`."""
-        return self.linear(x, weight) if self.applies(x, weight) else linear(x, weight)
+def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:math:`x W^T` for ``x`` ``(..., in)`` on the blocked copy of the float32 CPU ``weight`` ``(out, in)``.
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """:math:`x W^T` for ``x`` ``(..., in)`` on the blocked copy of ``weight`` ``(out, in)``."""
-        # Replaced (``.data =`` keeps the Parameter but moves the storage) or changed in place: pack again.
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-        if self._packed is None or self._key != key:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
-            self._key = key
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, None, "none", [], "")
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+    Under ``torch.compile`` it is the operator ``torch.ops.specbound.packed_linear``, one opaque call in the
+    compiled graph; eager code calls its kernel directly (the dispatcher's round trip costs ~12 us a call).
+    """
+    if torch.compiler.is_compiling():
+        return torch.ops.specbound.packed_linear(x, weight)
+    return _packed_linear_cpu(x, weight)
+
+
+# weight -> ((data pointer, version, shape, stride), its storage, blocked copy). Keyed weakly on the tensor object
+# itself (a compiled graph passes the module's own Parameter to the operator), so a freed model frees its copies
+# and a deep copy packs its own. Holding the storage keeps its address from being reused by a replacement
+# (``.data =``), so an equal data pointer means the same memory.
+_PACKED = WeakIdKeyDictionary()
+
+
+def _blocked_copy(weight: torch.Tensor) -> torch.Tensor:
+    entry = _PACKED.get(weight)
+    key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
+    if entry is None or entry[0] != key:
+        blocked = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), BATCH_HINT)
+        entry = (key, weight.untyped_storage(), blocked)
+        _PACKED[weight] = entry
+    return entry[2]
+
+
+def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
+    # of 2-D activations), which matters over a forward's 121 calls.
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    out = _LINEAR_POINTWISE(rows.contiguous(), _blocked_copy(weight), None, "none", [], "")
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _packed_linear_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# A plain ``Library`` operator rather than ``torch.library.custom_op``: the latter's Python wrapper cost ~30 us a
+# call here, 3.6 ms over a forward's 121 products. "Meta" gives torch.compile the output's shape.
+_LIBRARY = torch.library.Library("specbound", "DEF")
+_LIBRARY.define("packed_linear(Tensor x, Tensor weight) -> Tensor")
+_LIBRARY.impl("packed_linear", _packed_linear_cpu, "CPU")
+_LIBRARY.impl("packed_linear", _packed_linear_shape, "Meta")

@@ -4,10 +4,10 @@ Random weights of SmolLM2's shapes (30 x [960x576 qkv, 576x576 o, 3072x576 gate/
 49152x576 head: 537 MB in float32, so, as in the model, the weights come from memory, not from the cache).
 Kernels, interleaved per repetition:
 
-* ``mkl`` -- ``F.linear`` (MKL's GEMM; what the model ran before ``executor.products.PackedWeight``);
+* ``mkl`` -- ``F.linear`` (MKL's GEMM; what the model ran before ``executor.products.packed_linear``);
 * ``mkl-packed`` -- MKL's packed GEMM (``torch.ops.mkl._mkl_linear`` on ``_mkl_reorder_linear_weight``);
 * ``onednn-1`` / ``onednn-8`` -- oneDNN's inner product on ``torch.ops.mkldnn._reorder_linear_weight(w, b)``
-  with the batch hint b (what ``PackedWeight`` uses: 8).
+  with the batch hint b (what ``executor.products.packed_linear`` uses: 8).
 
 Prints the median ms per forward's products and the weight bandwidth, and writes JSON::
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.products import PackedWeight
+from executor.products import packed_linear, packing_applies
 
 __all__ = ["DraftVocabulary", "lm_head_weight"]
 
@@ -31,7 +31,6 @@ class DraftVocabulary(nn.Module):
         if full.ndim != 1 or full.numel() == 0 or int(full.min()) < 0 or int(full.max()) >= vocab_size:
             raise ValueError(f"vocab must be a non-empty 1-D set of token ids in [0, {vocab_size})")
         self.register_buffer("vocab", full.unique(), persistent=True)
-        self.packed_vocab = PackedWeight()  # oneDNN's copy of the frozen reduced rows (executor.products)
 
     @property
     def reduced(self) -> bool:
@@ -52,8 +51,8 @@ class DraftVocabulary(nn.Module):
         if reduced:
             weight = weight[self.vocab] if not hasattr(self, "_weight_cache") else self._weight_cache
         normed = target.norm(features.to(weight.dtype))
-        if hasattr(self, "_weight_cache") and self.packed_vocab.applies(normed, weight):
-            logits = self.packed_vocab.linear(normed, weight).float()
+        if hasattr(self, "_weight_cache") and packing_applies(normed, weight):
+            logits = packed_linear(normed, weight).float()
         elif not reduced and not torch.is_grad_enabled():
             logits = target.lm_head(normed).float()  # the int8 head, or the target's packed copy
         else:

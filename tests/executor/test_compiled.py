@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from executor import compiled
+from executor import compiled, products
 from executor.compiled import compile_and_warm_up, compile_model, inductor_cache_dir, warm_up
 from executor.decoders import AutoregressiveDecoder, ChainDecoder
 from executor.drafters import PromptLookupDrafter
@@ -108,6 +108,32 @@ def test_compiled_logits_equal_eager_on_a_tiny_model_with_tree_masks(tiny_model)
     ]
     for args, kwargs in calls:
         torch.testing.assert_close(model(*args, **kwargs), eager(*args, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
+def test_the_compiled_graph_multiplies_on_the_packed_copies_and_equals_packed_eager(tiny_model, monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)  # pack even a test model's small weights
+    model, eager = tiny_model(4), tiny_model(4)
+    compile_model(model)
+    weights = [model.tok_embeddings.weight] + [
+        module.weight for module in model.modules() if isinstance(module, torch.nn.Linear)
+    ]
+    assert not any(weight in products._PACKED for weight in weights)
+    tokens, slots = torch.tensor([[3, 1, 4, 1, 5, 9]]), torch.arange(6)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, slots), eager(tokens, slots), atol=1e-5, rtol=1e-5)
+        # Every product of the compiled forward ran on a copy it packed (the eager model packed its own).
+        assert all(weight in products._PACKED for weight in weights) and model.step is not None
+        for weight in weights:
+            weight.mul_(0.5)  # in place, after compiling: the graph's next call repacks
+        eager.load_state_dict(model.state_dict())
+        torch.testing.assert_close(
+            model(tokens[:, :2], torch.arange(6, 8)),
+            eager(tokens[:, :2], torch.arange(6, 8)),
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_the_compile_cache_goes_next_to_the_drafters_unless_the_user_chose_a_directory(

@@ -1,9 +1,11 @@
 """The CPU matrix products: MKL formulations equal F.linear up to round-off; oneDNN's packed copy equals it too,
-does not depend on how many rows share a call, follows every change of its weight and never serves autograd."""
+does not depend on how many rows share a call, follows every change of its weight, is freed with it and never
+serves autograd."""
 
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from executor import products
-from executor.products import PackedWeight, linear
+from executor.products import linear, packed_linear, packing_applies
 
 seeds = st.integers(0, 2**16)
 needs_onednn = pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
@@ -51,9 +53,8 @@ def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(2, n, columns, generator=generator)
     weight = torch.randn(rows, columns, generator=generator)
-    packed = PackedWeight()
     with torch.no_grad():
-        result = packed.linear(x, weight)
+        result = packed_linear(x, weight)
     assert result.shape == (2, n, rows) and result.dtype == torch.float32
     torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
@@ -65,10 +66,9 @@ def test_packed_rows_are_bitwise_the_one_row_products(n, seed):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 96, generator=generator)
     weight = torch.randn(300, 96, generator=generator)
-    packed = PackedWeight()
     with torch.no_grad():
-        together = packed.linear(x, weight)
-        alone = torch.cat([packed.linear(x[i : i + 1], weight) for i in range(n)])
+        together = packed_linear(x, weight)
+        alone = torch.cat([packed_linear(x[i : i + 1], weight) for i in range(n)])
     assert torch.equal(together, alone)
 
 
@@ -76,40 +76,49 @@ def test_packed_rows_are_bitwise_the_one_row_products(n, seed):
 def test_the_packed_copy_follows_in_place_changes_and_replaced_storage():
     weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
     x = torch.randn(3, 16)
-    packed = PackedWeight()
     with torch.no_grad():
-        packed.linear(x, weight)
+        packed_linear(x, weight)
         weight.mul_(2)  # in place: the version counter moves
-        torch.testing.assert_close(packed.linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed_linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
         weight.data = torch.randn(32, 16)  # new storage under the same Parameter (what Module.to does)
-        torch.testing.assert_close(packed.linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed_linear(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
 
 
 @needs_onednn
-def test_a_stale_packed_copy_would_be_caught(monkeypatch):
+def test_a_stale_packed_copy_would_be_caught():
     # Negative control for the test above: a copy that never repacks gives the old weight's product.
     weight = torch.randn(32, 16)
     x = torch.randn(3, 16)
-    packed = PackedWeight()
     with torch.no_grad():
-        before = packed.linear(x, weight)
-        key = packed._key
+        before = packed_linear(x, weight)
+        key, storage, blocked = products._PACKED[weight]
         weight.mul_(2)
-        packed._key = (weight.data_ptr(), weight._version, tuple(weight.shape))  # pretend nothing changed
-        assert key != packed._key and torch.equal(packed.linear(x, weight), before)
+        fresh_key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
+        products._PACKED[weight] = (fresh_key, storage, blocked)  # pretend nothing changed
+        assert key != fresh_key and torch.equal(packed_linear(x, weight), before)
+
+
+@needs_onednn
+def test_the_packed_copy_is_freed_with_its_weight():
+    weight = torch.randn(32, 16)
+    with torch.no_grad():
+        packed_linear(torch.randn(1, 16), weight)
+    before = len(products._PACKED)
+    del weight
+    gc.collect()
+    assert len(products._PACKED) == before - 1
 
 
 def test_packing_never_serves_autograd_half_precision_small_weights_or_a_disabled_build(monkeypatch):
     weight = torch.randn(1024, 256, requires_grad=True)
     x = torch.randn(2, 256)
-    packed = PackedWeight()
-    assert not packed.applies(x, weight)  # gradients enabled
+    assert not packing_applies(x, weight)  # gradients enabled
     with torch.no_grad():
-        assert packed.applies(x, weight) == products.packing_available()
-        assert not packed.applies(x.bfloat16(), weight.bfloat16())
-        assert not packed.applies(x[:, :16], weight[:16, :16])  # below MIN_PACKED_ELEMENTS: MKL is faster
+        assert packing_applies(x, weight) == products.packing_available()
+        assert not packing_applies(x.bfloat16(), weight.bfloat16())
+        assert not packing_applies(x[:, :16], weight[:16, :16])  # below MIN_PACKED_ELEMENTS: MKL is faster
         monkeypatch.setenv("SPECBOUND_PACKED", "0")
-        assert not products.packing_available() and not packed.applies(x, weight)
+        assert not products.packing_available() and not packing_applies(x, weight)
 
 
 @needs_onednn
@@ -132,10 +141,8 @@ def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_
     model.setup_cache(12)
     tokens = torch.tensor([[2, 7, 1, 8, 2, 8, 1, 8]])
     calls = []
-    original = PackedWeight.linear
-    monkeypatch.setattr(
-        PackedWeight, "linear", lambda self, x, w: calls.append(w.shape) or original(self, x, w)
-    )
+    original = products._packed_linear_cpu
+    monkeypatch.setattr(products, "_packed_linear_cpu", lambda x, w: calls.append(w.shape) or original(x, w))
     with torch.no_grad():
         packed = model(tokens, torch.arange(8))
         # wqkv, wo, w13, w2 per layer, and the tied head
