@@ -27,7 +27,9 @@ operator ``torch.ops.specbound.packed_linear`` is one opaque call in the graph, 
 RoPE, SwiGLU and residual additions between the calls. Inductor's own weight packing (``freezing``) is not
 used: alone it picks MKL's packed GEMM for float32 on x86, slower here at 2-8 rows; with ``max_autotune_gemm``
 its C++ micro-GEMM ran SmolLM2 one token in 23-28 ms against 35 (separate runs), but each process compiled for
-5-6 minutes, because a graph with frozen weights bypasses the compile cache (docs/benchmarks/model_forward.md).
+5-8 minutes (a graph with frozen weights bypasses the compile cache), and its graphs guard on the identity of
+the KV-cache tensors, so every prompt's new cache recompiled them until Dynamo's limit sent a multi-prompt run
+back to eager (docs/benchmarks/model_forward.md).
 
 Compile cache: Inductor's on-disk FX-graph cache lets a later process load the compiled graphs instead of
 compiling them again (Dynamo still traces the model). :func:`compile_model` points it at
