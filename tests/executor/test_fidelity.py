@@ -73,7 +73,7 @@ def test_token_ids_equal_transformers_tokenizer(smollm, peer, tokenizer_corpus, 
 def test_safetensors_export_loads_identically_here_and_in_transformers(smollm, tmp_path):
     model, tokenizer = smollm
     save_safetensors(model, tmp_path, tokenizer)
-    ours, our_tokenizer = load_model(tmp_path, device="cpu")
+    ours, our_tokenizer = load_model(tmp_path, device="cpu", dtype=torch.float32)
     theirs = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
     ids = tokenizer.encode("def add(a, b):\n    return")
     expected = our_logits(model, ids)

@@ -110,7 +110,7 @@ def test_unpermute_inverts_llama_cpp_permute(n_heads, half_rows, columns, seed):
 def test_gguf_round_trip_recovers_weights_and_logits(tiny_model, tmp_path, tie, kv_heads):
     model = tiny_model(7, vocab_size=16, tie_embeddings=tie, n_kv_heads=kv_heads)
     write_gguf(model, tmp_path / "tiny.gguf")
-    loaded, tokenizer = load_model(tmp_path / "tiny.gguf", device="cpu")
+    loaded, tokenizer = load_model(tmp_path / "tiny.gguf", device="cpu", dtype=torch.float32)
     # GGUF stores the epsilon as float32.
     assert loaded.config == dataclasses.replace(
         model.config, norm_eps=float(np.float32(model.config.norm_eps))
