@@ -18,6 +18,10 @@ from executor.products import linear, packed_linear, packing_applies
 
 seeds = st.integers(0, 2**16)
 needs_onednn = pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
+needs_native_bf16 = pytest.mark.skipif(
+    not (products.packing_available() and products.NATIVE_CPU_BF16),
+    reason="packed bfloat16 runs only on CPUs with avx512_bf16 or AMX (executor.products.NATIVE_CPU_BF16)",
+)
 
 
 @given(n=st.integers(1, 70), rows=st.sampled_from([1, 7, 64, 300]), seed=seeds)
@@ -60,13 +64,37 @@ def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
     torch.testing.assert_close(result, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
+@needs_native_bf16
+@given(
+    n=st.integers(1, 40),
+    rows=st.sampled_from([1, 7, 64, 300]),
+    columns=st.sampled_from([8, 24, 96]),
+    seed=seeds,
+)
+def test_packed_bfloat16_product_is_the_exact_product_rounded_once(n, rows, columns, seed):
+    # bfloat16 products are exact in oneDNN's float32 accumulator; the sum is rounded once to bfloat16.
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, columns, generator=generator).bfloat16()
+    weight = torch.randn(rows, columns, generator=generator).bfloat16()
+    exact = x.double() @ weight.double().T
+    with torch.no_grad():
+        result = packed_linear(x, weight)
+    assert result.shape == (2, n, rows) and result.dtype == torch.bfloat16
+    assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-5).all()
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, pytest.param(torch.bfloat16, marks=needs_native_bf16)],
+    ids=["float32", "bfloat16"],
+)
 @needs_onednn
 @given(n=st.integers(2, 40), seed=seeds)
-def test_packed_rows_are_bitwise_the_one_row_products(n, seed):
+def test_packed_rows_are_bitwise_the_one_row_products(dtype, n, seed):
     # What makes an n-token verification pass project exactly as n one-token passes.
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 96, generator=generator)
-    weight = torch.randn(300, 96, generator=generator)
+    x = torch.randn(n, 96, generator=generator).to(dtype)
+    weight = torch.randn(300, 96, generator=generator).to(dtype)
     with torch.no_grad():
         together = packed_linear(x, weight)
         alone = torch.cat([packed_linear(x[i : i + 1], weight) for i in range(n)])
@@ -113,13 +141,20 @@ def test_the_packed_copy_is_freed_with_its_weight():
     assert copy_alive() is None
 
 
-def test_packing_never_serves_autograd_half_precision_small_weights_or_a_disabled_build(monkeypatch):
+def test_packing_never_serves_autograd_mixed_or_emulated_dtypes_small_weights_or_a_disabled_build(
+    monkeypatch,
+):
     weight = torch.randn(1024, 256, requires_grad=True)
     x = torch.randn(2, 256)
     assert not packing_applies(x, weight)  # gradients enabled
     with torch.no_grad():
         assert packing_applies(x, weight) == products.packing_available()
-        assert not packing_applies(x.bfloat16(), weight.bfloat16())
+        # bfloat16 only where the CPU multiplies it natively; never mixed dtypes or half precision
+        assert packing_applies(x.bfloat16(), weight.bfloat16()) == (
+            products.packing_available() and products.NATIVE_CPU_BF16
+        )
+        assert not packing_applies(x.bfloat16(), weight) and not packing_applies(x, weight.bfloat16())
+        assert not packing_applies(x.half(), weight.half())
         assert not packing_applies(x[:, :16], weight[:16, :16])  # below MIN_PACKED_ELEMENTS: MKL is faster
         monkeypatch.setenv("SPECBOUND_PACKED", "0")
         assert not products.packing_available() and not packing_applies(x, weight)
