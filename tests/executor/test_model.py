@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from executor.model import ModelConfig, Transformer
+from executor.model import ModelConfig, Transformer, attention_dtype
 
 seeds = st.integers(0, 2**16)
 
@@ -490,3 +490,36 @@ def test_loading_unaligned_weights_gives_bit_identical_logits(tiny_model):
         m.setup_cache(16)
     tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5]])
     torch.testing.assert_close(copy(tokens, torch.arange(9)), model(tokens, torch.arange(9)), atol=0, rtol=0)
+
+
+def test_attention_dtype_widens_only_bfloat16_on_the_cpu():
+    assert attention_dtype(torch.bfloat16, "cpu") == torch.float32
+    assert attention_dtype(torch.float32, "cpu") == torch.float32
+    assert attention_dtype(torch.float16, "cpu") == torch.float16
+    assert attention_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+
+
+def test_a_bfloat16_model_caches_its_bfloat16_keys_and_values_exactly_in_float32(tiny_model):
+    # The float32 cache must hold the values a bfloat16 cache would (the layer rounds them), so only the
+    # attention's arithmetic is wider; an unrounded key would differ from its bfloat16 rounding.
+    model = tiny_model(4).to(torch.bfloat16)
+    model.setup_cache(8)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    with torch.no_grad():
+        model(tokens, torch.arange(6))
+    for layer in model.layers:
+        cache = layer.attention.kv_cache
+        assert cache.k.dtype == cache.v.dtype == torch.float32
+        written = torch.cat([cache.k[:, :, :6], cache.v[:, :, :6]])
+        assert written.abs().sum() > 0 and torch.equal(written, written.bfloat16().float())
+
+
+def test_one_token_steps_of_a_bfloat16_model_follow_its_prefill(tiny_model):
+    model = tiny_model(6).to(torch.bfloat16)
+    tokens = torch.tensor([[2, 7, 1, 8, 2, 8]])
+    with torch.no_grad():
+        model.setup_cache(8)
+        together = model(tokens, torch.arange(6)).float()
+        model.setup_cache(8)
+        steps = torch.cat([model(tokens[:, t : t + 1], torch.tensor([t])) for t in range(6)], 1).float()
+    torch.testing.assert_close(steps, together, atol=0.05, rtol=0.02)
