@@ -9,10 +9,13 @@ Kernels, interleaved per repetition:
 * ``onednn-1`` / ``onednn-8`` -- oneDNN's inner product on ``torch.ops.mkldnn._reorder_linear_weight(w, b)``
   with the batch hint b (what ``executor.products.packed_linear`` uses: 8).
 
+``--dtype bfloat16`` casts the weights and activations (no ``mkl-packed`` row: MKL's packed GEMM is float32
+only); oneDNN multiplies bfloat16 natively only on CPUs with avx512_bf16 or AMX.
+
 Prints the median ms per forward's products and the weight bandwidth, and writes JSON::
 
     python -m experiments.bench_products [--rows 1 2 4 8 16] [--threads 2] [--repeats 9] \\
-        [--out runs/bench_products.json]
+        [--dtype float32|bfloat16] [--out runs/bench_products.json]
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ HEAD = (49152, 576)
 
 def kernels(weights: list[torch.Tensor]) -> dict:
     """name -> function of the activations (n, 1536) running every product once (returns the products)."""
-    mkl_packed = [(torch.ops.mkl._mkl_reorder_linear_weight(w, 8), w) for w in weights]
+    float32 = weights[0].dtype == torch.float32
+    mkl_packed = [(torch.ops.mkl._mkl_reorder_linear_weight(w, 8), w) for w in weights] if float32 else []
     onednn = {b: [torch.ops.mkldnn._reorder_linear_weight(w, b) for w in weights] for b in (1, 8)}
 
     def plain(x):
@@ -54,12 +58,15 @@ def kernels(weights: list[torch.Tensor]) -> dict:
 
         return run
 
-    return {
+    runs = {
         "mkl": plain,
         "mkl-packed": packed_mkl,
         "onednn-1": packed_onednn(1),
         "onednn-8": packed_onednn(8),
     }
+    if not float32:
+        del runs["mkl-packed"]
+    return runs
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -68,20 +75,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--out", default="runs/bench_products.json")
     args = parser.parse_args(argv)
     if min(args.rows) < 1 or args.repeats < 1 or args.threads < 1:
         parser.error("--rows, --repeats and --threads must be positive")
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(args.seed)
-    weights = [0.02 * torch.randn(*s, generator=generator) for _ in range(LAYERS) for s in SHAPES]
-    weights.append(0.02 * torch.randn(*HEAD, generator=generator))
-    gigabytes = sum(w.numel() for w in weights) * 4 / 1e9
+    dtype = getattr(torch, args.dtype)
+    weights = [0.02 * torch.randn(*s, generator=generator).to(dtype) for _ in range(LAYERS) for s in SHAPES]
+    weights.append(0.02 * torch.randn(*HEAD, generator=generator).to(dtype))
+    gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
     runs = kernels(weights)
     results = {}
     with torch.no_grad():
         for n in args.rows:
-            x = torch.randn(n, 1536, generator=generator)
+            x = torch.randn(n, 1536, generator=generator).to(dtype)
             times = {name: [] for name in runs}
             for run in runs.values():
                 run(x)  # warm-up

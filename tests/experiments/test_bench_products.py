@@ -40,3 +40,25 @@ def test_the_report_has_a_median_per_rows_and_kernel(tmp_path, monkeypatch):
     assert json.loads(out.read_text())["config"]["rows"] == [1, 3]
     with pytest.raises(SystemExit):
         bench_products.main(["--rows", "0"])
+
+
+@pytest.mark.skipif(
+    not (products.packing_available() and products.NATIVE_CPU_BF16),
+    reason="oneDNN's bfloat16 product runs only on CPUs with avx512_bf16 or AMX",
+)
+def test_the_bfloat16_kernels_form_the_products_of_f_linear():
+    generator = torch.Generator().manual_seed(1)
+    weights = [
+        torch.randn(48, 16, generator=generator).bfloat16(),
+        torch.randn(16, 40, generator=generator).bfloat16(),
+    ]
+    x = torch.randn(3, 1536, generator=generator).bfloat16()
+    runs = bench_products.kernels(weights)
+    assert set(runs) == {"mkl", "onednn-1", "onednn-8"}  # MKL's packed GEMM is float32 only
+    for run in runs.values():
+        for got, weight in zip(run(x), weights, strict=True):
+            exact = x[:, : weight.shape[1]].double() @ weight.double().T
+            assert (
+                got.dtype == torch.bfloat16
+                and ((got.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-5).all()
+            )
