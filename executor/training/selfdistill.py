@@ -78,9 +78,9 @@ def _code_starts(tokenizer, prompt_tokens: int):
 
     for doc_id, text in default_corpus().train:
         ids = tokenizer.encode(text)
-        if len(ids) < 2 * prompt_tokens:
-            continue
         span = len(ids) - 2 * prompt_tokens
+        if span <= 0:  # too short for a window with room after it (span 0 would divide by zero below)
+            continue
         offset = int.from_bytes(hashlib.sha256(b"start:" + doc_id.encode()).digest()[:8], "big") % span
         yield f"code:{doc_id}", ids[offset : offset + prompt_tokens]
 

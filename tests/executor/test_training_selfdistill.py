@@ -42,6 +42,17 @@ def test_chunks_are_consecutive_windows_of_the_sequences_joined_by_eos():
     assert chunk_sequences([[1, 2]], None, 3) == []
 
 
+def test_code_starts_skip_documents_without_room_for_a_window(monkeypatch):
+    # A document of exactly two windows once made the offset's modulus zero (ZeroDivisionError mid-run).
+    from executor.training import corpus, selfdistill
+
+    documents = [("short.py", "a" * 11), ("exact.py", "b" * 12), ("long.py", "c" * 13)]
+    monkeypatch.setattr(corpus, "default_corpus", lambda: corpus.Corpus("test", documents, []))
+    starts = list(selfdistill._code_starts(CharTokenizer(16), 6))
+    assert [doc for doc, _ in starts] == ["code:long.py"]
+    assert starts[0][1] == CharTokenizer(16).encode("c" * 6)
+
+
 def test_generation_resumes_exactly_where_an_uninterrupted_run_would_be(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a"))
     target = tiny_model(0, vocab_size=16, max_seq_len=64)
