@@ -5,6 +5,9 @@
 * ``humaneval``: teacher-forced single-draft figures at T = 1 on HumanEval *continuations* (each prompt followed
   by its canonical solution; the head is never trained on HumanEval), at the first drafted position, over the
   solution's tokens: ``top1`` = P(argmax q = argmax p), ``sum_min`` = mean :math:`\\sum_v \\min(p_v, q_v)`;
+* ``own_greedy_text``: the same figures on the target's *own* greedy continuations of the first
+  ``--decode-prompts`` HumanEval prompts (``--new-tokens`` each): the text a greedy decoder verifies, so its
+  ``top1`` is the acceptance a chain decoder's first draft should see at T = 0;
 * ``cost``: the drafter's time per drafted token (one tree level of one node, context ~256) as a fraction of a
   one-token target forward, float32 and bfloat16, interleaved, medians of ``--repeats``;
 * ``decoding``: greedy chain decoding (gamma 3) against plain decoding in the same dtype, interleaved, on the
@@ -46,11 +49,19 @@ def humaneval_figures(target, tokenizer, count: int, rows_of) -> dict:
     probabilities and the head's logits (``-inf`` outside ``vocab``) at the scored rows. Returns, per ``name``,
     the mean ``top1``, ``sum_min``, ``kl`` (:func:`executor.training.loop.agreement_sums`) and the ``tokens``.
     """
+    sequences = []
+    for prompt, solution in humaneval_continuations(count):
+        start = len(tokenizer.encode(prompt))
+        sequences.append((tokenizer.encode(prompt + solution), start))
+    return sequence_figures(target, sequences, rows_of)
+
+
+def sequence_figures(target, sequences: list[tuple[list[int], int]], rows_of) -> dict:
+    """:func:`humaneval_figures` on given token sequences: ``(ids, start)`` pairs, scored from ``start`` on."""
     sums: dict[str, dict] = {}
     with torch.no_grad():
-        for prompt, solution in humaneval_continuations(count):
-            start = len(tokenizer.encode(prompt))
-            ids = tokenizer.encode(prompt + solution)[: target.config.max_seq_len]
+        for ids, start in sequences:
+            ids = ids[: target.config.max_seq_len]
             target.setup_cache(len(ids))
             _, hidden = target(torch.tensor([ids]), torch.arange(len(ids)), return_hidden=True)
             for name, p, q_logits, vocab in rows_of(ids, start, hidden):
@@ -65,6 +76,25 @@ def humaneval_figures(target, tokenizer, count: int, rows_of) -> dict:
 
 def teacher_forced(target, tokenizer, drafter: FeatureDrafter, count: int) -> dict:
     """The feature head's first drafted position over the solution tokens (see the module docstring)."""
+    return humaneval_figures(target, tokenizer, count, _head_rows(target, drafter))["token1"] | {
+        "problems": count
+    }
+
+
+def own_greedy_text(target, tokenizer, drafter: FeatureDrafter, prompts: int, new_tokens: int) -> dict:
+    """The head's first drafted position over the target's own greedy continuations of HumanEval prompts."""
+    from experiments.prompts import humaneval_prompts
+
+    plain = AutoregressiveDecoder(target)
+    sequences = []
+    for text in humaneval_prompts(prompts):
+        ids = tokenizer.encode(text)
+        sequences.append((ids + plain.generate(ids, new_tokens).token_ids, len(ids)))
+    figures = sequence_figures(target, sequences, _head_rows(target, drafter))["token1"]
+    return figures | {"prompts": prompts, "new_tokens": new_tokens}
+
+
+def _head_rows(target, drafter: FeatureDrafter):
     head = drafter.head
 
     def rows_of(ids, start, hidden):
@@ -76,7 +106,7 @@ def teacher_forced(target, tokenizer, drafter: FeatureDrafter, count: int) -> di
         p = target_logits(target, hidden[0, 1:][rows]).softmax(-1)
         yield "token1", p, head.logits(target, g[0][rows]), head.vocab
 
-    return humaneval_figures(target, tokenizer, count, rows_of)["token1"] | {"problems": count}
+    return rows_of
 
 
 def drafter_cost(target, drafter: FeatureDrafter, repeats: int, context: int = 256) -> dict:
@@ -162,13 +192,21 @@ def main(argv=None) -> int:
             report["checkpoint"] = str(path)
             report["held_out_stdlib"] = drafter.card["held_out"]
             report["humaneval"] = teacher_forced(target, tokenizer, drafter, args.problems)
+            report["own_greedy_text"] = own_greedy_text(
+                target, tokenizer, drafter, args.decode_prompts, args.new_tokens
+            )
         if args.skip_decoding:
             break
         report[f"cost_{name}"] = drafter_cost(target, drafter, args.repeats)
         report[f"decoding_{name}"] = decoding(
             target, tokenizer, drafter, args.decode_prompts, args.new_tokens
         )
-        print(json.dumps({k: report[k] for k in report if k.endswith(name) or k == "humaneval"}, indent=2))
+        print(
+            json.dumps(
+                {k: report[k] for k in report if k.endswith(name) or k in ("humaneval", "own_greedy_text")},
+                indent=2,
+            )
+        )
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

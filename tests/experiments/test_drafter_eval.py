@@ -68,3 +68,38 @@ def test_falcon_figures_score_four_positions_over_the_solution(target):
     scored = sum(len(s) for _, s in TEXTS)
     assert abs(got["token1"]["tokens"] + got["token2"]["tokens"] - scored) <= 4
     assert all(0 <= got[name]["sum_min"] <= 1 for name in ("token1", "token2", "token3", "token4"))
+
+
+def test_own_greedy_text_scores_the_targets_greedy_continuation(target, monkeypatch):
+    from executor.decoders import AutoregressiveDecoder
+    from experiments import prompts
+
+    monkeypatch.setattr(prompts, "humaneval_prompts", lambda count: ["abcde", "hello "][:count])
+    torch.manual_seed(2)
+    head = FeatureHead(target.config)
+    for parameter in head.parameters():
+        torch.nn.init.normal_(parameter, std=0.2)
+    drafter = FeatureDrafter(target, head)
+    got = drafter_eval.own_greedy_text(target, CharTokenizer(), drafter, 2, 6)
+    # the 6 generated tokens and the one after the text (target against head there too), per prompt
+    assert got["tokens"] == 2 * 7 and (got["prompts"], got["new_tokens"]) == (2, 6)
+    # On greedy text the target's argmax is the next token: top-1 counts the head's argmax hitting it.
+    hits = 0
+    for text in ("abcde", "hello "):
+        prompt = CharTokenizer().encode(text)
+        ids = prompt + AutoregressiveDecoder(target).generate(prompt, 6).token_ids
+        target.setup_cache(len(ids))
+        with torch.no_grad():
+            _, hidden = target(torch.tensor([ids]), torch.arange(len(ids)), return_hidden=True)
+            head.setup_cache(len(ids) - 1)
+            slots = torch.arange(len(ids) - 1)
+            g = head(
+                target, hidden[:, :-1], torch.tensor([ids[1:]]), slots, slots + 1, slots <= slots[:, None]
+            )
+            # entry s (features after token s + 1) predicts token s + 2
+            rows = slice(len(prompt) - 2, len(ids) - 1)
+            predicted = head.logits(target, g[0][rows]).argmax(-1)
+            wanted = target_logits(target, hidden[0, 1:][rows]).argmax(-1)
+        assert wanted[:-1].tolist() == ids[len(prompt) :]  # the scored text is the greedy continuation
+        hits += int((predicted == wanted).sum())
+    assert got["top1"] == pytest.approx(hits / 14)
