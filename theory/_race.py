@@ -36,6 +36,7 @@ uses the marginal of the *final* weights.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 
@@ -63,24 +64,50 @@ MAX_ITERATIONS, MAX_HALVINGS, MAX_STEP = 60, 12, 8.0
 
 
 _BLAS = None
+_BLAS_LOCK = threading.Lock()
+_BLAS_USERS = 0  # builds inside single_threaded_blas right now, in any thread
+_BLAS_LIMITER = None  # the limit they share; it restores the original thread counts when the last one leaves
 
 
+@contextlib.contextmanager
 def single_threaded_blas():
     """Context holding the loaded BLAS libraries to one thread (``threadpoolctl``; a no-op without it).
 
     The race's matrices are small (units × quadrature nodes, ~100 × 250): OpenBLAS's own threads never pay
     there, and on a loaded machine their hand-offs cost more than the products (a V = 151936, n = 4 build took
     371 ms of CPU with two BLAS threads and 8 ms with one). The controller is made once, on first use.
+
+    BLAS thread counts are process-wide, so concurrent builds share one limit, counted: the first to enter
+    sets it and the last to leave restores the original counts. (Each holding its own limit, one build's exit
+    restored two threads under another still running, and the last exit left the process at one thread.)
+    OpenBLAS 0.3.30 can ignore a count set from a thread other than the main one, so builds in worker
+    threads may still use its threads; their tables then differ from the main thread's by round-off
+    (1.6e-15 measured in the log-weights), never in losslessness.
     """
-    global _BLAS
-    if _BLAS is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - a declared dependency
-            _BLAS = False
-        else:
-            _BLAS = ThreadpoolController().select(user_api="blas")
-    return _BLAS.limit(limits=1) if _BLAS else contextlib.nullcontext()
+    global _BLAS, _BLAS_USERS, _BLAS_LIMITER
+    with _BLAS_LOCK:
+        if _BLAS is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:  # pragma: no cover - a declared dependency
+                _BLAS = False
+            else:
+                _BLAS = ThreadpoolController().select(user_api="blas")
+        if _BLAS:
+            if _BLAS_USERS == 0:
+                _BLAS_LIMITER = _BLAS.limit(limits=1)
+            _BLAS_USERS += 1
+    if not _BLAS:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_USERS -= 1
+            if _BLAS_USERS == 0:
+                _BLAS_LIMITER.restore_original_limits()
+                _BLAS_LIMITER = None
 
 
 def _log_nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:

@@ -244,3 +244,32 @@ def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(n):
     target[2] = high[2] + 1e-10
     _, r = race.fit_log_weights(0.1, masses, target, n)
     assert np.abs(r - target).sum() <= 2e-10 + race.TOLERANCE
+
+
+def test_overlapping_single_threaded_blas_contexts_limit_once_and_restore_once_after_the_last(monkeypatch):
+    """BLAS thread counts are process-wide, so overlapping contexts (builds in several threads) share one
+    limit: the first to enter sets it, the last to leave restores the original counts, whatever the order
+    they leave in. (A limit per context let the last one restore a count another had set: one thread.)"""
+    calls = []
+
+    class Limiter:
+        def restore_original_limits(self):
+            calls.append("restore")
+
+    class Controller:
+        def limit(self, limits):
+            calls.append(f"limit {limits}")
+            return Limiter()
+
+    monkeypatch.setattr(race, "_BLAS", Controller())
+    first, second = race.single_threaded_blas(), race.single_threaded_blas()
+    first.__enter__()
+    second.__enter__()
+    assert calls == ["limit 1"]
+    first.__exit__(None, None, None)  # the first leaves while the second is inside: the limit holds
+    assert calls == ["limit 1"]
+    second.__exit__(None, None, None)
+    assert calls == ["limit 1", "restore"]
+    with race.single_threaded_blas():
+        pass
+    assert calls == ["limit 1", "restore", "limit 1", "restore"]
