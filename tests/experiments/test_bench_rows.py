@@ -112,8 +112,25 @@ def test_default_drafters_are_early_exit_and_the_cached_feature_head(monkeypatch
     }
     two = BenchConfig(drafters=("early-exit:1", "early-exit:2"))
     assert bench_rows.model_drafters(two, model) == {
-        "early-exit1": "early-exit:1",
-        "early-exit2": "early-exit:2",
+        "early-exit-1": "early-exit:1",
+        "early-exit-2": "early-exit:2",
+    }
+
+
+def test_two_cached_heads_are_labelled_by_their_keys_and_clashing_keys_by_their_whole_specs():
+    model = tiny()
+    heads = BenchConfig(
+        drafters=(
+            "feature:/c/drafters/feature-6e90-c6f1757fcd",
+            "feature:/c/drafters/feature-6e90-11eddd8be6/",
+        )
+    )
+    assert list(bench_rows.model_drafters(heads, model)) == ["feature-c6f1757fcd", "feature-11eddd8be6"]
+    clash = BenchConfig(drafters=("feature:/a/head-x", "feature:/b/head-x", "early-exit:3"))
+    assert bench_rows.model_drafters(clash, model) == {
+        "feature_a_head-x": "feature:/a/head-x",
+        "feature_b_head-x": "feature:/b/head-x",
+        "early-exit": "early-exit:3",
     }
 
 
