@@ -17,6 +17,14 @@ from executor import products
 from executor.products import linear, packed_linear, packing_applies
 
 seeds = st.integers(0, 2**16)
+#: Activations (2, n, columns) against a (rows, columns) weight: the shapes of the packed-product properties.
+product_shapes = dict(
+    n=st.integers(1, 40),
+    rows=st.sampled_from([1, 7, 64, 300]),
+    columns=st.sampled_from([8, 24, 96]),
+    seed=seeds,
+)
+
 needs_onednn = pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
 needs_native_bf16 = pytest.mark.skipif(
     not (products.packing_available() and products.NATIVE_CPU_BF16),
@@ -48,12 +56,7 @@ def test_cpu_linear_in_bfloat16_equals_f_linear_up_to_one_rounding(n, rows, seed
 
 
 @needs_onednn
-@given(
-    n=st.integers(1, 40),
-    rows=st.sampled_from([1, 7, 64, 300]),
-    columns=st.sampled_from([8, 24, 96]),
-    seed=seeds,
-)
+@given(**product_shapes)
 def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(2, n, columns, generator=generator)
@@ -65,12 +68,7 @@ def test_packed_product_equals_f_linear_up_to_round_off(n, rows, columns, seed):
 
 
 @needs_native_bf16
-@given(
-    n=st.integers(1, 40),
-    rows=st.sampled_from([1, 7, 64, 300]),
-    columns=st.sampled_from([8, 24, 96]),
-    seed=seeds,
-)
+@given(**product_shapes)
 def test_packed_bfloat16_product_is_the_exact_product_rounded_once(n, rows, columns, seed):
     # bfloat16 products are exact in oneDNN's float32 accumulator; the sum is rounded once to bfloat16.
     generator = torch.Generator().manual_seed(seed)
