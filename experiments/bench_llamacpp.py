@@ -13,10 +13,13 @@ Before the timed rounds (:func:`prepare`):
   (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
   every step drafts K tokens, an upper estimate when lookups find shorter or no matches).
 
-After the rounds (:func:`predictions`): for every weight format and ``K``, the speedup of llama.cpp's prompt
-lookup over its plain decoding predicted by :func:`experiments.peer_predict.held_out_prediction` -- each
-prompt from the acceptance on the *other* prompts (leave one out), charged llama.cpp's measured ``t(k + 1)``,
-its lookup time per step and its sampling time per token -- against the measured ratio of decoding speeds
+After the rounds, llama.cpp's t(n) is measured again (:func:`profile_after`, ``OUT.latency-llamacpp-W-after.json``):
+a profile taken only before the rounds drifted from them by 15-30% at n >= 2 on one machine (docs/bench.md),
+while the rows themselves are interleaved. Then (:func:`predictions`), for every weight format and ``K``, the
+speedup of llama.cpp's prompt lookup over its plain decoding predicted by
+:func:`experiments.peer_predict.held_out_prediction` -- each prompt from the acceptance on the *other* prompts
+(leave one out), charged llama.cpp's ``t(k + 1)`` (the mean of the medians before and after the rounds), its
+lookup time per step and its sampling time per token -- against the measured ratio of decoding speeds
 (tokens after the first over the time after the first token: the prefill, paid once by both, is left out;
 the ratio with the prefill is the table's ``vs llamacpp``).
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["prepare", "predictions", "render_markdown"]
+__all__ = ["predictions", "prepare", "profile_after", "render_markdown", "section"]
 
 
 #: Our plain-decoding rows of the section (float32 activations): float, int8 and Q4_1 weights, and with
@@ -61,8 +64,28 @@ def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, st
     from tqdm import tqdm
 
     from executor.files import write_json
-    from experiments.peer_llamacpp import profile_llamacpp
     from experiments.peer_predict import lookup_model
+
+    profiles, measured = _profile(config, llms, context, stem, "")
+    steps = {}
+    for lookup in tqdm(config.lookups, desc="our prompt-lookup steps", unit="K"):
+        steps[str(lookup)] = lookup_steps(model, prompts, lookup, max_new_tokens)
+        write_json({"lookup": lookup, "steps": steps[str(lookup)]}, f"{stem}.lookup-steps-k{lookup}.json")
+        pooled = lookup_model([s for prompt in steps[str(lookup)] for s in prompt], lookup)
+        write_json({"per_position": pooled.alpha.tolist()}, f"{stem}.acceptance-lookup-k{lookup}.json")
+    return {"profiles": profiles, "documents": measured, "steps": steps}
+
+
+def profile_after(config, llms: dict, context, stem: str) -> dict:
+    """llama.cpp's t(n) measured again after the rounds, as :func:`prepare` measured it before them; the
+    ``prepared["llamacpp"]`` keys ``profiles_after`` (paths) and ``documents_after``."""
+    profiles, measured = _profile(config, llms, context, stem, "-after")
+    return {"profiles_after": profiles, "documents_after": measured}
+
+
+def _profile(config, llms: dict, context, stem: str, suffix: str) -> tuple[dict, dict]:
+    from executor.files import write_json
+    from experiments.peer_llamacpp import profile_llamacpp
     from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
 
     measured = profile_llamacpp(
@@ -84,29 +107,34 @@ def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, st
             "source": "specbound bench --peer llamacpp: llama.cpp Llama.eval, weights interleaved",
             **part,
         }
-        path = f"{stem}.latency-llamacpp-{weights}.json"
+        path = f"{stem}.latency-llamacpp-{weights}{suffix}.json"
         write_json(document, path)
         profiles[weights] = path
-    steps = {}
-    for lookup in tqdm(config.lookups, desc="our prompt-lookup steps", unit="K"):
-        steps[str(lookup)] = lookup_steps(model, prompts, lookup, max_new_tokens)
-        write_json({"lookup": lookup, "steps": steps[str(lookup)]}, f"{stem}.lookup-steps-k{lookup}.json")
-        pooled = lookup_model([s for prompt in steps[str(lookup)] for s in prompt], lookup)
-        write_json({"per_position": pooled.alpha.tolist()}, f"{stem}.acceptance-lookup-k{lookup}.json")
-    return {"profiles": profiles, "documents": measured, "steps": steps}
+    return profiles, measured
+
+
+def _costs(document: dict) -> tuple[dict, float, float]:
+    """``(t(n) by n, lookup seconds per step, sampling seconds per token)`` of one profile document."""
+    from experiments.profiling import profile_target_times
+
+    times = profile_target_times({"format": "specbound-profile", "version": 1, **document})
+    return times, document["drafter"]["draft_time"], document["sample_time"]["median"]
 
 
 def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[dict]:
     """Predicted against measured speedup of llama.cpp's prompt lookup, per weight format and ``K``."""
     from experiments.bench_rows import LLAMACPP_DTYPES
     from experiments.peer_predict import held_out_prediction
-    from experiments.profiling import profile_target_times
 
     by_key = {(row["decoder"], row["dtype"]): row for row in rows if row["temperature"] == 0}
     out = []
     for weights, document in prepared["documents"].items():
-        profile = {"format": "specbound-profile", "version": 1, **document}
-        times = profile_target_times(profile)
+        times, lookup_time, token_time = before = _costs(document)
+        after = None
+        if weights in prepared.get("documents_after", {}):
+            after = _costs(prepared["documents_after"][weights])
+            times = {n: (t + after[0][n]) / 2 for n, t in before[0].items() if n in after[0]}
+            lookup_time, token_time = (lookup_time + after[1]) / 2, (token_time + after[2]) / 2
         dtype = LLAMACPP_DTYPES[weights]
         plain = by_key.get(("llamacpp", dtype))
         for lookup, steps in prepared["steps"].items():
@@ -116,8 +144,8 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                 steps,
                 [max_new_tokens - 1] * len(steps),
                 int(lookup),
-                lookup_time=document["drafter"]["draft_time"],
-                token_time=document["sample_time"]["median"],
+                lookup_time=lookup_time,
+                token_time=token_time,
             )
             measured = measured_total = None
             if plain and lookup_row and plain["decode_tokens_per_s"] and lookup_row["decode_tokens_per_s"]:
@@ -128,6 +156,8 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                     "weights": weights,
                     "lookup": int(lookup),
                     "t_ratio": times[int(lookup) + 1] / times[1],
+                    "t_ratio_before": before[0][int(lookup) + 1] / before[0][1],
+                    "t_ratio_after": None if after is None else after[0][int(lookup) + 1] / after[0][1],
                     "tokens_per_step": float(
                         np.mean([1 + a for s in steps for _, a in s]) if any(steps) else 1.0
                     ),
@@ -136,10 +166,18 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                     "measured_total": measured_total,
                     "error": None if measured is None else predicted["speedup"] / measured - 1,
                     "latency": prepared["profiles"][weights],
+                    "latency_after": prepared.get("profiles_after", {}).get(weights),
                     "model": predicted["model"],
                 }
             )
     return out
+
+
+def _ratios(prediction: dict) -> str:
+    """t(K+1)/t(1) as the prediction used it, and before / after the rounds when both were measured."""
+    if prediction.get("t_ratio_after") is None:
+        return f"{prediction['t_ratio']:.2f}"
+    return f"{prediction['t_ratio']:.2f} ({prediction['t_ratio_before']:.2f} / {prediction['t_ratio_after']:.2f})"
 
 
 def render_markdown(section: dict) -> list[str]:
@@ -168,8 +206,8 @@ def render_markdown(section: dict) -> list[str]:
         "",
         "### Prompt lookup: predicted from llama.cpp's t(n) and our acceptance on the other prompts",
         "",
-        "| weights | K | t(K+1)/t(1) | our τ (all prompts) | predicted | measured (decoding) | error "
-        "| measured (with prefill) |",
+        "| weights | K | t(K+1)/t(1) (before / after the rounds) | our τ (all prompts) | predicted "
+        "| measured (decoding) | error | measured (with prefill) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in section["predictions"]:
@@ -178,7 +216,7 @@ def render_markdown(section: dict) -> list[str]:
             return "–" if value is None else fmt.format(value)
 
         lines.append(
-            f"| {p['weights']} | {p['lookup']} | {p['t_ratio']:.2f} | {p['tokens_per_step']:.2f} "
+            f"| {p['weights']} | {p['lookup']} | {_ratios(p)} | {p['tokens_per_step']:.2f} "
             f"| {p['predicted']:.3f} | {number(p['measured_decode'], '{:.3f}')} "
             f"| {number(p['error'], '{:+.1%}')} | {number(p['measured_total'], '{:.3f}')} |"
         )

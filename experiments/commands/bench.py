@@ -183,28 +183,30 @@ def run(args) -> int:
     selected.update(extra)
     if not selected:
         raise ValueError(f"--rows: no row matches {args.rows!r}")
+    context = context_ids(tokenizer, config.context)
+    # llama.cpp's t(n) is profiled on its prompt-lookup models, before the rounds and again after them.
+    profiled = (
+        {weights: llms[(weights, max(config.lookups))] for weights in config.peer_weights} if llms else {}
+    )
+    stem = os.path.splitext(args.out)[0]
     if saved is not None:
         prepared = saved["prepared"]
         print(f"resuming {checkpoint}: {len(saved['rounds'])} round(s) done")
     else:
-        context = context_ids(tokenizer, config.context)
         models = {dtype: model for dtype, (model, _) in targets.items()}
         forward, samples = bench_plan.measure_forward(models, context, config, progress=True)
         plans = []
         if any(key.decoder.startswith("plan-tree-") for key in selected):
-            stem = os.path.splitext(args.out)[0]
             plans = bench_plan.plan_rows(targets, samples, prompts, config, stem, progress=True)
         prepared = {"forward": forward, "plans": plans}
         if llms:
             from experiments.bench_llamacpp import prepare
 
-            profiled = {weights: llms[(weights, max(config.lookups))] for weights in config.peer_weights}
             model = (
                 targets["float32"][0]
                 if "float32" in targets
                 else bench_rows.load_target("float32", config)[0]
             )
-            stem = os.path.splitext(args.out)[0]
             prepared["llamacpp"] = prepare(
                 config, profiled, model, prompts, context, args.max_new_tokens, stem
             )
@@ -225,9 +227,10 @@ def run(args) -> int:
     if config.compile:  # wall seconds of compilation (or of loading it from Inductor's cache), apart
         result["compile_seconds"] = compile_seconds
     if "llamacpp" in prepared:
-        from experiments.bench_llamacpp import section
+        from experiments.bench_llamacpp import profile_after, section
 
-        result["llamacpp"] = section(result["rows"], prepared["llamacpp"], args.max_new_tokens)
+        measured = {**prepared["llamacpp"], **profile_after(config, profiled, context, stem)}
+        result["llamacpp"] = section(result["rows"], measured, args.max_new_tokens)
     print(write_report(result, args.out))
     return 0
 

@@ -186,6 +186,33 @@ def test_section_predicts_from_the_profile_and_compares_with_the_measured_decodi
     assert "| q4_1 | 2 | 2.00 |" in markdown and "x.latency-llamacpp-q4_1.json" in markdown
 
 
+def test_prediction_charges_the_mean_of_the_profiles_before_and_after_the_rounds():
+    steps = [[[2, 2], [2, 1], [0, 0]], [[2, 0], [2, 2]], [[1, 1], [2, 2], [2, 1]]]
+    prepared = {
+        "profiles": {"q4_1": "x.latency-llamacpp-q4_1.json"},
+        "documents": {"q4_1": _document([0.01, 0.015, 0.02, 0.03])},
+        "profiles_after": {"q4_1": "x.latency-llamacpp-q4_1-after.json"},
+        "documents_after": {"q4_1": _document([0.01, 0.025, 0.03, 0.05])},
+        "steps": {"2": steps},
+    }
+    [prediction] = bench_llamacpp.predictions(prepared, [], max_new_tokens=9)
+    mean = {1: 0.01, 2: 0.02, 3: 0.025, 4: 0.04}
+    expected = held_out_prediction(mean, steps, [8, 8, 8], 2, lookup_time=0.001, token_time=0.002)
+    assert prediction["predicted"] == pytest.approx(expected["speedup"])
+    before_only = held_out_prediction(
+        {1: 0.01, 2: 0.015, 3: 0.02, 4: 0.03}, steps, [8, 8, 8], 2, lookup_time=0.001, token_time=0.002
+    )
+    assert prediction["predicted"] != pytest.approx(before_only["speedup"])
+    assert (
+        prediction["t_ratio"],
+        prediction["t_ratio_before"],
+        prediction["t_ratio_after"],
+    ) == pytest.approx((2.5, 2.0, 3.0))
+    assert prediction["latency_after"] == "x.latency-llamacpp-q4_1-after.json"
+    markdown = "\n".join(bench_llamacpp.render_markdown({"rows": [], "predictions": [prediction]}))
+    assert "| q4_1 | 2 | 2.50 (2.00 / 3.00) |" in markdown
+
+
 def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     from experiments.cli import main
     from experiments.commands import bench as command
@@ -227,6 +254,8 @@ def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
         ("f32", 2),
     }
     assert (tmp_path / "bench.latency-llamacpp-f32.json").is_file()
+    assert (tmp_path / "bench.latency-llamacpp-f32-after.json").is_file()  # profiled again after the rounds
+    assert all(p["t_ratio_after"] is not None for p in result["llamacpp"]["predictions"])
     steps = json.loads((tmp_path / "bench.lookup-steps-k2.json").read_text())["steps"]
     assert len(steps) == 3  # one list of steps per prompt
     alpha = json.loads((tmp_path / "bench.acceptance-lookup-k2.json").read_text())["per_position"]
