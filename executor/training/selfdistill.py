@@ -247,6 +247,7 @@ def self_distilled_features(
         "chunks": len(chunks),
         "oversample": OVERSAMPLE,
         "cache": str(path),
+        "generation_key": path.stem,  # hashes the target and the generation settings (starts, lengths, seed)
     }
     return load_features(directory, "train"), info
 

@@ -426,7 +426,10 @@ def train_drafter(
             target, tokenizer, self_tokens, chunk_length=chunk_length, progress=progress
         )
         train = merge_features(generated, train)
-        recipe["self_distill"] = {k: self_info[k] for k in ("self_distill_tokens", "oversample")}
+        # The generation key is part of the head's key: other prompts or settings make another corpus.
+        recipe["self_distill"] = {
+            k: self_info[k] for k in ("self_distill_tokens", "oversample", "generation_key")
+        }
     given_out = out
     out = default_checkpoint_dir(kind, model_fingerprint(target), recipe) if out is None else Path(out)
     corpus_info = {

@@ -101,6 +101,7 @@ def test_self_distilled_features_are_merged_oversampled_before_the_base(tiny_mod
     )
     generated, info = self_distilled_features(target, CharTokenizer(16), 28, chunk_length=8, progress=False)
     assert generated.tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7, 0]] * 4 and info["chunks"] == 4
+    assert info["generation_key"] == "gen"  # the cache file's name: it enters the trained head's key
     merged = merge_features(generated, generated, repeat=3)
     assert merged.tokens.shape[0] == 16 and torch.equal(merged.hidden[:4], generated.hidden)
 
