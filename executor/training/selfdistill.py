@@ -8,14 +8,10 @@ the head reads text the target writes, not text people wrote; sampling at T = 1 
 whole distribution in the inputs (Online Speculative Decoding, Liu et al., ICML 2024, arXiv 2310.07177, and
 Medusa-2's self-distillation, Cai et al., ICML 2024, arXiv 2401.10774, train on the target's own outputs).
 
-**Starts** (HumanEval is never read), ``code_prompt_tokens`` long unless prose, by batch number modulo 4:
-
-* 0 and 2: a window of a standard-library *training* file (its offset fixed by the file's path hash);
-* 1: the window that *ends with a function's docstring* in those files (a signature and docstring, then a newline:
-  the shape of a code-completion prompt such as HumanEval's, where an instruction-tuned target answers with its
-  own mix of code, markdown and prose, which is the text a drafter then has to predict);
-* 3: one of the prose openers below (written for this module, unlike any evaluation prompt in
-  :mod:`experiments.prompts`), cut to ``prose_prompt_tokens`` tokens.
+**Starts** (HumanEval is never read): three in four batches start from a ``code_prompt_tokens``-token window of a
+standard-library *training* file (the window's offset is fixed by the file's path hash), one in four from one of
+the prose openers below (written for this module, unlike any evaluation prompt in
+:mod:`experiments.prompts`), cut to ``prose_prompt_tokens`` tokens.
 
 **Generation** is batched (``batch_size`` rows share positions, so one forward per new token), at T = 1 with a
 seeded generator per batch (batch ``i`` uses seed ``seed + i``: a resumed run draws exactly what an uninterrupted
@@ -89,45 +85,15 @@ def _code_starts(tokenizer, prompt_tokens: int):
         yield f"code:{doc_id}", ids[offset : offset + prompt_tokens]
 
 
-def _docstring_starts(tokenizer, prompt_tokens: int):
-    """The ``prompt_tokens`` tokens ending right after each documented function of the training files."""
-    import ast
-
-    from executor.training.corpus import default_corpus
-
-    for doc_id, text in default_corpus().train:
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):  # files of a newer grammar, or with NUL bytes
-            continue
-        line_starts = [0]
-        for line in text.splitlines(keepends=True):
-            line_starts.append(line_starts[-1] + len(line))
-        for node in ast.walk(tree):
-            if (
-                not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-                or ast.get_docstring(node) is None
-            ):
-                continue
-            docstring = node.body[0]
-            end = line_starts[docstring.end_lineno - 1] + docstring.end_col_offset
-            # A few thousand characters before the end give a full window once tokenised.
-            ids = tokenizer.encode(text[max(0, end - 8 * prompt_tokens) : end] + "\n")
-            if len(ids) >= prompt_tokens:
-                yield f"docstring:{doc_id}:{node.lineno}", ids[-prompt_tokens:]
-
-
-def _starts(tokenizer, batch: int, batch_size: int, starts: dict, settings: dict):
-    """The ``batch``-th batch of starts (module docstring): code windows, docstring ends or prose openers."""
-    if batch % 4 == 1:
-        return [next(starts["docstring"]) for _ in range(batch_size)]
+def _starts(tokenizer, batch: int, batch_size: int, code, settings: dict):
+    """The ``batch``-th batch of starts: prose for every fourth batch, else the next code windows."""
     if batch % 4 == 3:
         openers = [
             PROSE_OPENERS[(batch // 4 * batch_size + row) % len(PROSE_OPENERS)] for row in range(batch_size)
         ]
         cut = settings["prose_prompt_tokens"]
         return [(f"prose:{batch}:{row}", tokenizer.encode(text)[:cut]) for row, text in enumerate(openers)]
-    return [next(starts["code"]) for _ in range(batch_size)]
+    return [next(code) for _ in range(batch_size)]
 
 
 def _cache_file(target, settings: dict) -> Path:
@@ -173,21 +139,17 @@ def generate_continuations(
         "new_tokens": new_tokens,
         "batch_size": batch_size,
         "seed": seed,
-        "starts": "code,docstring,code,prose",  # the schedule by batch number modulo 4 (part of the cache key)
     }
     path = _cache_file(target, settings)
     records = []
     if path.is_file():
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     eos = getattr(tokenizer, "eos_id", None)
-    starts_by_kind = {
-        "code": _code_starts(tokenizer, code_prompt_tokens),
-        "docstring": _docstring_starts(tokenizer, code_prompt_tokens),
-    }
+    code = _code_starts(tokenizer, code_prompt_tokens)
     batches_done = len(records) // batch_size
     records = records[: batches_done * batch_size]  # a partial batch never happens (atomic writes); be safe
     for batch in range(batches_done):  # advance the code-start iterator past the finished batches
-        _starts(tokenizer, batch, batch_size, starts_by_kind, settings)
+        _starts(tokenizer, batch, batch_size, code, settings)
     generated = sum(record["generated"] for record in records)
     with tqdm(
         total=tokens,
@@ -198,7 +160,7 @@ def generate_continuations(
     ) as bar:
         batch = batches_done
         while generated < tokens:
-            starts = _starts(tokenizer, batch, batch_size, starts_by_kind, settings)
+            starts = _starts(tokenizer, batch, batch_size, code, settings)
             generator = torch.Generator().manual_seed(seed + batch)
             continuations = _sample_batch(target, [ids for _, ids in starts], new_tokens, generator)
             for (start_id, ids), continuation in zip(starts, continuations, strict=True):

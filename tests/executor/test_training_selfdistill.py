@@ -53,22 +53,6 @@ def test_code_starts_skip_documents_without_room_for_a_window(monkeypatch):
     assert starts[0][1] == CharTokenizer(16).encode("c" * 6)
 
 
-def test_docstring_starts_end_right_after_each_documented_function(monkeypatch):
-    from executor.training import corpus, selfdistill
-
-    module = (
-        'import os\n\ndef f(x):\n    """Return x."""\n    return x\n\ndef g():\n    return 1\n\n'
-        'class C:\n    async def h(self):\n        """Doc\n        more."""\n        pass\n'
-    )
-    documents = [("m.py", module), ("broken.py", "def (:\n")]
-    monkeypatch.setattr(corpus, "default_corpus", lambda: corpus.Corpus("test", documents, []))
-    tokenizer = CharTokenizer(128)
-    starts = list(selfdistill._docstring_starts(tokenizer, 8))
-    # g has no docstring and broken.py does not parse; each window is the 8 characters ending in the newline.
-    assert [name for name, _ in starts] == ["docstring:m.py:3", "docstring:m.py:11"]
-    assert [ids for _, ids in starts] == [tokenizer.encode('n x."""\n'), tokenizer.encode('ore."""\n')]
-
-
 def test_generation_resumes_exactly_where_an_uninterrupted_run_would_be(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a"))
     target = tiny_model(0, vocab_size=16, max_seq_len=64)
