@@ -97,17 +97,15 @@ def single_threaded_blas():
             if _BLAS_USERS == 0:
                 _BLAS_LIMITER = _BLAS.limit(limits=1)
             _BLAS_USERS += 1
-    if not _BLAS:
-        yield
-        return
     try:
         yield
     finally:
-        with _BLAS_LOCK:
-            _BLAS_USERS -= 1
-            if _BLAS_USERS == 0:
-                _BLAS_LIMITER.restore_original_limits()
-                _BLAS_LIMITER = None
+        if _BLAS:
+            with _BLAS_LOCK:
+                _BLAS_USERS -= 1
+                if _BLAS_USERS == 0:
+                    _BLAS_LIMITER.restore_original_limits()
+                    _BLAS_LIMITER = None
 
 
 def _log_nodes(log_weights: np.ndarray, step: float = STEP, low: float = LOW) -> np.ndarray:
