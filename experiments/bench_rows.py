@@ -157,20 +157,21 @@ def model_drafters(config: BenchConfig, target) -> dict[str, str]:
     else:
         specs = list(config.drafters)
     kinds = [spec.partition(":")[0] for spec in specs]
-    # A kind given twice is told apart by the end of its argument: the layer (early-exit-12) or a cached
-    # head's key (feature-c6f1757fcd, from .../feature-6e9008efa296-c6f1757fcd); whole specs if those clash.
-    short = [
-        kind
-        if kinds.count(kind) == 1
-        else f"{kind}-{spec.partition(':')[2].rstrip('/').rsplit('/', 1)[-1].rsplit('-', 1)[-1]}"
-        for kind, spec in zip(kinds, specs, strict=True)
-    ]
-    if len(set(short)) < len(short):
-        short = [
-            kind if kinds.count(kind) == 1 else spec.replace(":", "").replace("/", "_")
-            for kind, spec in zip(kinds, specs, strict=True)
-        ]
-    return dict(zip(short, specs, strict=True))
+
+    def label(kind: str, spec: str, whole: bool) -> str:
+        # A kind given twice is told apart by the end of its argument: the layer (early-exit-12) or a cached
+        # head's key (feature-c6f1757fcd, from .../feature-6e9008efa296-c6f1757fcd); by the whole spec if
+        # those ends clash.
+        if kinds.count(kind) == 1:
+            return kind
+        if whole:
+            return spec.replace(":", "").replace("/", "_")
+        return f"{kind}-{spec.partition(':')[2].rstrip('/').rsplit('/', 1)[-1].rsplit('-', 1)[-1]}"
+
+    labels = [label(kind, spec, whole=False) for kind, spec in zip(kinds, specs, strict=True)]
+    if len(set(labels)) < len(labels):
+        labels = [label(kind, spec, whole=True) for kind, spec in zip(kinds, specs, strict=True)]
+    return dict(zip(labels, specs, strict=True))
 
 
 # --- runners ----------------------------------------------------------------------------------------------
