@@ -26,6 +26,8 @@ the ratio with the prefill is the table's ``vs llamacpp``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 __all__ = ["predictions", "prepare", "profile_after", "render_markdown", "section"]
@@ -113,12 +115,29 @@ def _profile(config, llms: dict, context, stem: str, suffix: str) -> tuple[dict,
     return profiles, measured
 
 
-def _costs(document: dict) -> tuple[dict, float, float]:
-    """``(t(n) by n, lookup seconds per step, sampling seconds per token)`` of one profile document."""
-    from experiments.profiling import profile_target_times
+class Costs(NamedTuple):
+    """llama.cpp's costs from one profile: t(n) by n, lookup seconds per step, sampling seconds per token."""
 
-    times = profile_target_times({"format": "specbound-profile", "version": 1, **document})
-    return times, document["drafter"]["draft_time"], document["sample_time"]["median"]
+    times: dict
+    lookup_time: float
+    token_time: float
+
+    @classmethod
+    def of(cls, document: dict) -> Costs:
+        from experiments.profiling import profile_target_times
+
+        times = profile_target_times({"format": "specbound-profile", "version": 1, **document})
+        return cls(times, document["drafter"]["draft_time"], document["sample_time"]["median"])
+
+    def mean(self, other: Costs) -> Costs:
+        """The mean of two profiles' medians, on the sizes both measured."""
+        times = {n: (t + other.times[n]) / 2 for n, t in self.times.items() if n in other.times}
+        return Costs(
+            times, (self.lookup_time + other.lookup_time) / 2, (self.token_time + other.token_time) / 2
+        )
+
+    def ratio(self, n: int) -> float:
+        return self.times[n] / self.times[1]
 
 
 def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[dict]:
@@ -129,23 +148,21 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
     by_key = {(row["decoder"], row["dtype"]): row for row in rows if row["temperature"] == 0}
     out = []
     for weights, document in prepared["documents"].items():
-        times, lookup_time, token_time = before = _costs(document)
-        after = None
-        if weights in prepared.get("documents_after", {}):
-            after = _costs(prepared["documents_after"][weights])
-            times = {n: (t + after[0][n]) / 2 for n, t in before[0].items() if n in after[0]}
-            lookup_time, token_time = (lookup_time + after[1]) / 2, (token_time + after[2]) / 2
+        before = Costs.of(document)
+        after = prepared.get("documents_after", {}).get(weights)
+        after = None if after is None else Costs.of(after)
+        costs = before if after is None else before.mean(after)
         dtype = LLAMACPP_DTYPES[weights]
         plain = by_key.get(("llamacpp", dtype))
         for lookup, steps in prepared["steps"].items():
             lookup_row = by_key.get((f"llamacpp-lookup-k{lookup}", dtype))
             predicted = held_out_prediction(
-                times,
+                costs.times,
                 steps,
                 [max_new_tokens - 1] * len(steps),
                 int(lookup),
-                lookup_time=lookup_time,
-                token_time=token_time,
+                lookup_time=costs.lookup_time,
+                token_time=costs.token_time,
             )
             measured = measured_total = None
             if plain and lookup_row and plain["decode_tokens_per_s"] and lookup_row["decode_tokens_per_s"]:
@@ -155,9 +172,9 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                 {
                     "weights": weights,
                     "lookup": int(lookup),
-                    "t_ratio": times[int(lookup) + 1] / times[1],
-                    "t_ratio_before": before[0][int(lookup) + 1] / before[0][1],
-                    "t_ratio_after": None if after is None else after[0][int(lookup) + 1] / after[0][1],
+                    "t_ratio": costs.ratio(int(lookup) + 1),
+                    "t_ratio_before": before.ratio(int(lookup) + 1),
+                    "t_ratio_after": None if after is None else after.ratio(int(lookup) + 1),
                     "tokens_per_step": float(
                         np.mean([1 + a for s in steps for _, a in s]) if any(steps) else 1.0
                     ),
