@@ -162,6 +162,14 @@ def resolve_dtype(
     )
 
 
+def run_dtype_name(dtype: str | torch.dtype | None, model=None, *, name: str = "dtype") -> str:
+    """The dtype a run uses, by name (``"float32"``, ``"bfloat16"``): a given ``model``'s own, else ``dtype``
+    resolved by :func:`resolve_dtype` (``"auto"`` becomes this machine's default). Run directories record
+    this name, so their fingerprint says what ran rather than ``"auto"``."""
+    resolved = model.tok_embeddings.weight.dtype if model is not None else resolve_dtype(dtype, name=name)
+    return str(resolved).removeprefix("torch.")
+
+
 def set_threads(requested: int | None = None, *, name: str = "threads") -> int:
     """Set torch's CPU threads to ``requested``, or to the cores this process may run on; returns the count.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ class MethodsConfig:
 
     methods: tuple[str, ...] = ()
     model: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # resolved by run_methods to the dtype the run used (executor.device.default_dtype)
     quantize: str = "none"  # "int8": the int8 model is the target (executor.quantize)
     calibration: int = 3
     prompts: int = 6
@@ -184,9 +184,12 @@ def run_methods(
     """
     import torch
 
+    from executor.device import run_dtype_name
     from executor.files import write_json
     from experiments.methods_report import build_report
 
+    # The fingerprint and the report name the dtype that ran, not "auto".
+    config = replace(config, dtype=run_dtype_name(config.dtype, model))
     out = Path(out)
     manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
     path = out / "config.json"

@@ -323,17 +323,12 @@ def run_apriori(
     ``<log_out>/T<t>--<decoder>--<prompt>.npz`` (:func:`write_unit_log`); on a rerun a finished unit whose log
     is missing is generated again for its log only (its measurement is kept).
     """
-    from executor.device import resolve_dtype
+    from executor.device import run_dtype_name
     from experiments.apriori.report import build_report
 
-    if model is None:
-        config = replace(config, dtype=str(resolve_dtype(config.dtype, name="dtype")).removeprefix("torch."))
-    else:
-        config = replace(
-            config,
-            dtype=str(model.tok_embeddings.weight.dtype).removeprefix("torch."),
-            quantize=model.quantization or "none",
-        )
+    config = replace(config, dtype=run_dtype_name(config.dtype, model))
+    if model is not None:
+        config = replace(config, quantize=model.quantization or "none")
     out = Path(out)
     manifest = {"fingerprint": config.fingerprint(), "config": asdict(config)}
     if (out / "config.json").exists() and not restart:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from experiments.commands import add_quantize_argument
+from experiments.commands import add_dtype_argument, add_quantize_argument
 
 HELP = "run the seed papers' methods side by side with plain decoding and the theory's predictions"
-
-DTYPES = ("float32", "bfloat16", "float16")
-
 
 def add_arguments(parser) -> None:
     parser.add_argument(
@@ -16,7 +13,7 @@ def add_arguments(parser) -> None:
         help="1 calibration + 2 held-out prompts, 16 tokens, plain decoding shared between methods",
     )
     parser.add_argument("--only", default=None, help="comma-separated method names (default: all)")
-    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    add_dtype_argument(parser)
     add_quantize_argument(parser)
     parser.add_argument("--model", default=None, help="a .gguf file or Hugging Face llama directory")
     parser.add_argument("--calibration", type=int, default=None, help="calibration prompts (default 3)")
@@ -51,8 +48,6 @@ def parse_methods(only: str | None) -> tuple[str, ...]:
 def config_from_args(args):
     from experiments.methods_run import QUICK, QUICK_OPTIONS, MethodsConfig
 
-    if args.dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     sizes = dict(QUICK) if args.quick else {"calibration": 3, "prompts": 6, "max_new_tokens": 48}
     for name in ("calibration", "prompts", "max_new_tokens"):
         value = getattr(args, name)

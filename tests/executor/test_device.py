@@ -13,6 +13,7 @@ from executor.device import (
     default_dtype,
     detect_hardware,
     resolve_dtype,
+    run_dtype_name,
     set_threads,
 )
 
@@ -71,6 +72,18 @@ def test_resolve_dtype_names_auto_and_torch_dtypes():
 def test_resolve_dtype_rejects_bad_values_naming_the_argument(bad):
     with pytest.raises(ValueError, match="--dtype"):
         resolve_dtype(bad, name="--dtype")
+
+
+def test_a_run_records_the_dtype_that_ran_never_auto():
+    from tests.tiny_models import build_tiny_model
+
+    assert run_dtype_name("auto") == str(default_dtype()).removeprefix("torch.")
+    assert run_dtype_name("bfloat16") == "bfloat16"
+    # A given model decides, whatever was asked for.
+    model = build_tiny_model(seed=0, vocab_size=11, n_layers=1, dim=8).to(torch.bfloat16)
+    assert run_dtype_name("float32", model) == "bfloat16"
+    with pytest.raises(ValueError, match="--dtype"):
+        run_dtype_name("half", name="--dtype")
 
 
 def test_cli_choices_match_the_executor_names():

@@ -31,7 +31,6 @@ REQUIRED = {
         (["--only", ","], "--only needs at least one method"),
         (["--set", "ppd"], "METHOD.OPTION=VALUE"),
         (["--set", "medusa.k=1"], "unknown method 'medusa'"),
-        (["--dtype", "int8"], "--dtype must be one of"),
         (["--prompts", "0"], "--prompts must be at least 1"),
         (["--max-new-tokens", "-3"], "--max-new-tokens must be at least 1"),
     ],
@@ -40,6 +39,14 @@ def test_bad_arguments_exit_non_zero_naming_the_problem(tmp_path, capsys, argume
     code = main(["methods", "--quick", "--out", str(tmp_path / "run"), *arguments])
     assert code == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_dtype_is_one_of_the_model_commands_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(["methods", "--quick", "--out", str(tmp_path / "run"), "--dtype", "int8"])
+    assert error.value.code == 2
+    assert "--dtype: invalid choice: 'int8'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -68,7 +75,7 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # PPD's tokens stay out of the user's cache
     out = tmp_path / "run"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
-    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2", "--dtype", "float32"]
     assert main(arguments) == 0
     assert "specbound methods" in capsys.readouterr().out
     report = json.loads((out / "methods.json").read_text())
@@ -110,7 +117,7 @@ def test_every_method_runs_on_an_int8_target_and_stays_greedy(tiny_checkpoint, t
     # The int8 model is the target: lossless methods must reproduce its own greedy text.
     out = tmp_path / "int8"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
-    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--quantize", "int8"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--quantize", "int8", "--dtype", "float32"]
     # PPD trains its prompt tokens through the target, which int8 cannot differentiate: refused by name.
     trained_through_target = {"ppd"}
     assert main([*arguments, "--only", "ppd", "--out", str(tmp_path / "ppd")]) != 0
