@@ -7,7 +7,13 @@ import numpy as np
 from executor.methods.calibration import ExitProfile, continuation, exit_profile
 from theory.checks import as_count
 
-__all__ = ["calibration_profile", "check_exit_layer", "conditional_acceptance", "default_exit_layer"]
+__all__ = [
+    "MethodDrafter",
+    "calibration_profile",
+    "check_exit_layer",
+    "conditional_acceptance",
+    "default_exit_layer",
+]
 
 
 def default_exit_layer(target) -> int:
@@ -23,6 +29,47 @@ def check_exit_layer(target, exit_layer, name: str = "exit_layer") -> int:
             f"{name} must be below the target's {target.config.n_layers} layers, got {exit_layer}"
         )
     return exit_layer
+
+
+class MethodDrafter:
+    """A method's drafter: a spec of ``specbound generate --drafter`` or a factory ``() -> Drafter``.
+
+    ``None`` picks the trained feature head when one is cached for the target (the papers draft with a small
+    trained model), else the early exit at ``exit_layer``. Calling it returns a drafter; a parsed spec is
+    built once (its head loaded once) and every decoder restarts it.
+    """
+
+    def __init__(self, target, drafter, exit_layer: int) -> None:
+        if drafter is None:
+            from executor.drafters.parse import trained_default_drafter
+
+            drafter = trained_default_drafter(target, f"early-exit:{exit_layer}")
+        if not (isinstance(drafter, str) or callable(drafter)):
+            raise ValueError(
+                f"drafter must be a drafter spec string or a factory, got {type(drafter).__name__}"
+            )
+        self.target = target
+        self.spec = drafter
+        self.exit_layer = exit_layer
+        self._instance = None
+
+    @property
+    def name(self) -> str | None:
+        """The spec string, or ``None`` for a factory."""
+        return self.spec if isinstance(self.spec, str) else None
+
+    def __call__(self):
+        if not isinstance(self.spec, str):
+            return self.spec()
+        if self.spec == f"early-exit:{self.exit_layer}":
+            from executor.drafters import EarlyExitDrafter
+
+            return EarlyExitDrafter(self.target, self.exit_layer)
+        if self._instance is None:
+            from executor.drafters.parse import parse_drafter
+
+            self._instance = parse_drafter(self.spec, self.target)
+        return self._instance
 
 
 def calibration_profile(

@@ -40,8 +40,7 @@ import torch
 
 from executor.decoders import DraftTree, TreeDecoder
 from executor.decoders.base import DecodingState
-from executor.drafters import EarlyExitDrafter
-from executor.methods._common import check_exit_layer, default_exit_layer
+from executor.methods._common import MethodDrafter, check_exit_layer, default_exit_layer
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import DepthAcceptance, depth_acceptance
 from theory.checks import as_count
@@ -218,32 +217,12 @@ class _TreeMethod(Method):
         self.budget = as_count(budget, "budget", minimum=2)
         self.max_depth = as_count(max_depth, "max_depth")
         self.width = as_count(width, "width")
-        if drafter is None:
-            from executor.drafters.parse import trained_default_drafter
-
-            drafter = trained_default_drafter(target, f"early-exit:{self.exit_layer}")
-        if not (isinstance(drafter, str) or callable(drafter)):
-            raise ValueError(
-                f"drafter must be a drafter spec string or a factory, got {type(drafter).__name__}"
-            )
-        self._drafter = drafter
-        self._instance = None
+        self.make_drafter = MethodDrafter(target, drafter, self.exit_layer)
         self.acceptance: DepthAcceptance | None = None
 
     @property
     def drafter_name(self) -> str | None:
-        return self._drafter if isinstance(self._drafter, str) else None
-
-    def make_drafter(self):
-        if not isinstance(self._drafter, str):
-            return self._drafter()
-        if self._drafter == f"early-exit:{self.exit_layer}":
-            return EarlyExitDrafter(self.target, self.exit_layer)
-        if self._instance is None:  # one instance (its head loaded once); every decoder restarts it
-            from executor.drafters.parse import parse_drafter
-
-            self._instance = parse_drafter(self._drafter, self.target)
-        return self._instance
+        return self.make_drafter.name
 
     def options(self) -> dict:
         return {
