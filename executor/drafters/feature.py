@@ -179,6 +179,11 @@ class FeatureDrafter:
             self._features[node] = feature
         return self.head.logits(self.target, features)
 
+    def draft_feature(self, node: int) -> torch.Tensor:
+        """The head's output feature at ``node`` (the hidden state its children's logits came from), after
+        :meth:`draft_logits` drafted them: what SpecDec++'s acceptance head reads."""
+        return self._features[node]
+
     def commit(self, state, tree, accepted_path) -> None:
         # Keep only entries built from the target's exact features; the accepted tokens are fed next step.
         self.length = min(self.length, state.committed)

@@ -21,8 +21,10 @@ __all__ = ["AdaptiveChainDecoder", "DraftPolicy"]
 class DraftPolicy:
     """Base policy: draft ``max_length`` tokens. Override the hooks.
 
-    ``start_round(state)`` runs before drafting, ``continue_after(k, logits)`` after drafting token ``k``
-    (``logits`` = the draft logits that token was drawn from) and ``after_step(log)`` after verification.
+    ``start_round(state)`` runs before drafting, ``continue_after(k, logits, feature)`` after drafting token
+    ``k`` (``logits`` = the draft logits that token was drawn from, ``feature`` = the drafter's hidden state
+    behind them when the drafter exposes one as ``draft_feature(node)``, else ``None``) and
+    ``after_step(log)`` after verification.
     """
 
     max_length: int = 4
@@ -34,7 +36,7 @@ class DraftPolicy:
     def start_round(self, state: DecodingState) -> None:
         pass
 
-    def continue_after(self, drafted: int, logits: torch.Tensor) -> bool:
+    def continue_after(self, drafted: int, logits: torch.Tensor, feature: torch.Tensor | None = None) -> bool:
         return True
 
     def after_step(self, log) -> None:
@@ -57,14 +59,16 @@ class AdaptiveChainDecoder(ChainDecoder):
         self.policy.start_round(state)
         tree = DraftTree(state.tokens[-1])
         node = 0
+        features = getattr(self.drafter, "draft_feature", None)
         for drafted in range(1, min(self.policy.round_length(), self.gamma) + 1):
             logits = self.drafter.draft_logits(state, tree, [node])
             if logits is None:
                 break
             q = self.sampling.probs(logits[0])
             tree.draft_probs[node] = q
+            feature = None if features is None else features(node)
             node = tree.add_child(node, self.sampling.draw(q, generator))
-            if not self.policy.continue_after(drafted, logits[0]):
+            if not self.policy.continue_after(drafted, logits[0], feature):
                 break
         self.drafted_lengths.append(len(tree) - 1)
         return tree

@@ -148,7 +148,7 @@ class DELPolicy(DraftPolicy):
     def round_length(self) -> int:
         return self.gamma
 
-    def continue_after(self, drafted, logits) -> bool:
+    def continue_after(self, drafted, logits, feature=None) -> bool:
         if not self.confidence_stop:
             return True
         return float(logits.softmax(-1).max()) >= self.threshold(self.drafter.exit_layer)

@@ -41,7 +41,7 @@ class KangarooStop(DraftPolicy):
         self.eta = float(as_probabilities(eta, "eta"))
         self.max_length = as_count(max_length, "max_length")
 
-    def continue_after(self, drafted, logits) -> bool:
+    def continue_after(self, drafted, logits, feature=None) -> bool:
         return float(logits.softmax(-1).max()) >= self.eta
 
 
