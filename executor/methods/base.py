@@ -198,6 +198,16 @@ class Method(ABC):
             },
         )
 
+    def warm_up(self, prompt_ids, temperature: float, max_new_tokens: int) -> None:
+        """One untimed generation, so that timed runs do not pay first-use costs (oneDNN builds its kernels
+        at the first pass over each new number of positions)."""
+        self.run(
+            prompt_ids,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            generator=torch.Generator().manual_seed(0),
+        )
+
     def extra(self, decoder) -> dict:
         """Method-specific measurements after a run (override)."""
         return {}

@@ -224,6 +224,16 @@ class OnlineSpeculative(Method):
         result.extra.update(point)
         return result
 
+    def warm_up(self, prompt_ids, temperature: float, max_new_tokens: int) -> None:
+        """Generate without serving: no replay-buffer entry and no update (the stream stays as it was)."""
+        Method.run(
+            self,
+            prompt_ids,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            generator=torch.Generator().manual_seed(0),
+        )
+
     def predict(self, calibration_prompts, temperature, max_new_tokens):
         """Serve the calibration prompts (the stream's first prompts, updates on) and forecast the chain's
         tokens per step from their per-position acceptance, :func:`theory.expected_tokens`."""

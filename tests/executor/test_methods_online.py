@@ -51,6 +51,17 @@ def test_updates_change_the_drafter_and_greedy_output_stays_plain_decoding(tiny_
     assert not torch.allclose(before, head_vector(method))
 
 
+def test_a_warm_up_generates_without_serving_or_learning(tiny_model):
+    model = tiny(tiny_model)
+    method = OnlineSpeculative(model, gamma=3, steps=3, lr=1e-2, window=16, update_every=1)
+    before = head_vector(method)
+    method.warm_up(stream(1)[0], 0.0, 12)
+    assert method.served == 0 and len(method.buffer) == 0 and not method.curve
+    assert torch.equal(before, head_vector(method))
+    serve(method, stream(1))  # a served prompt, by contrast, is learned from
+    assert method.served == 1 and not torch.equal(before, head_vector(method))
+
+
 def test_a_frozen_drafter_does_not_change_the_negative_control(tiny_model):
     model = tiny(tiny_model)
     method = OnlineSpeculative(model, gamma=3, steps=3, lr=1e-2, window=16, learn=False)
