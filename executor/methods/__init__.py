@@ -5,24 +5,26 @@ it on a model; ``names()`` lists the registered names. Every method has ``name``
 :meth:`Method.build(temperature) <Method.build>` (a decoder), :meth:`Method.predict` (the theory's tokens
 per step from calibration prompts) and :meth:`Method.run` (a :class:`MethodResult`).
 
-=================== ==================================================== =========
-name                paper                                                lossless
-=================== ==================================================== =========
-``dyspec``          DySpec's greedy dynamic tree (arXiv 2410.11744)      yes
-``sequoia``         Sequoia's static optimal tree (arXiv 2402.12374)     yes
-``staged``          staged speculative decoding (arXiv 2308.04623)       yes
-``easyspec``        EasySpec layer-parallel drafting (arXiv 2502.02493)  yes
-``del``             DEL dynamic exit layer (arXiv 2504.05598)            yes
-``kangaroo``        Kangaroo double early exit, theory's eta (2404.18911) yes
-``kangaroo-fixed``  Kangaroo with the paper's fixed eta = 0.6             yes
-``specdecpp``       SpecDec++ adaptive candidate length (2405.19715)      yes
-``code-completion`` dynamic inference for code completion (Sun et al.)   no
-``online``          online speculative decoding, OSD (arXiv 2310.07177)  yes
-``ppd``             parallel prompt decoding, PPD (arXiv 2405.18628)     yes
-=================== ==================================================== =========
+======================== ====================================================== ========
+name                     paper                                                  lossless
+======================== ====================================================== ========
+``dyspec``               DySpec's greedy dynamic tree (arXiv 2410.11744)        yes
+``sequoia``              Sequoia's static optimal tree (arXiv 2402.12374)       yes
+``staged``               staged speculative decoding (arXiv 2308.04623)         yes
+``easyspec``             EasySpec layer-parallel drafting (arXiv 2502.02493)    yes
+``del``                  DEL dynamic exit layer (arXiv 2504.05598)              yes
+``kangaroo``             Kangaroo double early exit, theory's eta (2404.18911)  yes
+``kangaroo-fixed``       Kangaroo with the paper's fixed eta = 0.6              yes
+``specdecpp``            SpecDec++ adaptive candidate length (2405.19715)       yes
+``specdecpp-fixed``      SpecDec++'s baseline: the theory's best fixed K        yes
+``specdecpp-heuristic``  transformers' heuristic schedule (+2 / -1)             yes
+``code-completion``      dynamic inference for code completion (Sun et al.)     no
+``online``               online speculative decoding, OSD (arXiv 2310.07177)    yes
+``ppd``                  parallel prompt decoding, PPD (arXiv 2405.18628)       yes
+======================== ====================================================== ========
 
-The drafters are the untrained early exit of the target for now; each method takes a ``drafter`` (or head)
-option so trained drafters plug in without changing the method.
+Each method drafts with its paper's kind of trained drafter when one is cached for the target (docs/methods.md,
+*Drafters by default*), else with the untrained early exit; each takes a ``drafter`` (or head) option.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from executor.methods.easyspec import EasySpec
 from executor.methods.kangaroo import Kangaroo, KangarooFixed
 from executor.methods.online import OnlineSpeculative
 from executor.methods.ppd import PPD
-from executor.methods.specdecpp import SpecDecPP
+from executor.methods.specdecpp import SpecDecFixed, SpecDecHeuristic, SpecDecPP
 from executor.methods.staged import Staged
 
 __all__ = [
@@ -50,6 +52,8 @@ __all__ = [
     "KangarooFixed",
     "OnlineSpeculative",
     "PPD",
+    "SpecDecFixed",
+    "SpecDecHeuristic",
     "SpecDecPP",
     "Staged",
     "DySpecDecoder",
@@ -93,6 +97,8 @@ for _cls in (
     Kangaroo,
     KangarooFixed,
     SpecDecPP,
+    SpecDecFixed,
+    SpecDecHeuristic,
     CodeCompletion,
     OnlineSpeculative,
     PPD,

@@ -35,6 +35,9 @@ from theory.checks import as_count, as_nonnegative, as_probabilities
 __all__ = [
     "AcceptanceExamples",
     "AcceptanceHead",
+    "HeuristicSchedule",
+    "SpecDecFixed",
+    "SpecDecHeuristic",
     "SpecDecPP",
     "SpecDecPPStop",
     "acceptance_examples",
@@ -457,16 +460,23 @@ class SpecDecPP(Method):
             "threshold": self.threshold,
         }
 
-    def build(self, temperature: float = 0.0):
+    def policy(self) -> DraftPolicy:
+        """The draft-length policy of one decoder (a fresh one per decoder: policies keep round state)."""
         predictor = self.predictor
         if predictor is None:  # before predict(): the raw top-1 confidence
             predictor = lambda logits, feature: float(logits.float().softmax(-1).max())  # noqa: E731
         threshold = 0.7 if self.threshold is None else self.threshold  # the paper's single setting
+        return SpecDecPPStop(predictor, threshold, self.max_length)
+
+    def rule(self, fixed_speedups: dict):
+        """This method's rule in :mod:`theory` (after :meth:`predict` has set ``threshold``)."""
+        import theory
+
+        return theory.specdecpp_threshold(self.threshold, min_length=1, max_length=self.max_length)
+
+    def build(self, temperature: float = 0.0):
         return AdaptiveChainDecoder(
-            self.target,
-            self.make_drafter(),
-            policy=SpecDecPPStop(predictor, threshold, self.max_length),
-            sampling=self.sampling(temperature),
+            self.target, self.make_drafter(), policy=self.policy(), sampling=self.sampling(temperature)
         )
 
     def _trained_head(self, temperature: float) -> AcceptanceHead:
@@ -520,16 +530,17 @@ class SpecDecPP(Method):
         h = float(np.clip(h, 0.0, 1.0))
         if self.threshold is None:
             self.threshold = h
-        rule = theory.specdecpp_threshold(self.threshold, min_length=1, max_length=self.max_length)
-        evaluation = theory.evaluate_rule(rule, model, costs)
         fixed = {
             k: theory.evaluate_rule(theory.fixed_length_rule(k), model, costs).speedup
             for k in range(0, self.max_length + 1)
         }
+        rule = self.rule(fixed)
+        evaluation = theory.evaluate_rule(rule, model, costs)
         heuristic = theory.evaluate_rule(theory.heuristic_schedule(maximum=self.max_length), model, costs)
         return Prediction(
             evaluation.tokens_per_step,
             {
+                "rule": rule.name,
                 "head": self.head,
                 "threshold": self.threshold,
                 "optimal_policy_speedup": policy.speedup,
@@ -559,3 +570,70 @@ class SpecDecPP(Method):
     def extra(self, decoder) -> dict:
         lengths = decoder.drafted_lengths
         return {"mean_drafted": float(np.mean(lengths)) if lengths else 0.0}
+
+
+class HeuristicSchedule(DraftPolicy):
+    """transformers' "heuristic" schedule (assisted generation): draft ``K`` tokens, then ``K + 2`` if all were
+    accepted, else ``max(1, K - 1)``; ``K`` starts at 5 and is capped at ``max_length``
+    (:func:`theory.heuristic_schedule`)."""
+
+    def __init__(self, max_length: int, start: int = 5) -> None:
+        self.max_length = as_count(max_length, "max_length")
+        self.length = min(as_count(start, "start"), self.max_length)
+
+    def round_length(self) -> int:
+        return self.length
+
+    def after_step(self, log) -> None:
+        if not log.accepted:
+            return  # nothing was drafted (a one-token prompt's first step)
+        grown = self.length + 2 if all(log.accepted) else self.length - 1
+        self.length = int(np.clip(grown, 1, self.max_length))
+
+
+class SpecDecFixed(SpecDecPP):
+    """SpecDec++'s baseline, speculative decoding with a fixed ``K`` (``length``; default: the ``K`` in
+    ``1..max_length`` with the theory's best speedup for the measured acceptance and costs), on the same
+    drafter, prompts and calibration as ``specdecpp``. ``head`` defaults to ``"confidence"``: a fixed rule
+    reads no acceptance prediction, and the theory's forecast only needs the acceptance mixture."""
+
+    name = "specdecpp-fixed"
+
+    def __init__(self, target, tokenizer=None, *, length=None, head="confidence", **options) -> None:
+        super().__init__(target, tokenizer, head=head, **options)
+        self.length = None if length is None else as_count(length, "length")
+        if self.length is not None and self.length > self.max_length:
+            raise ValueError(f"length must be at most max_length ({self.max_length}), got {self.length}")
+
+    def options(self) -> dict:
+        return {**super().options(), "length": self.length}
+
+    def policy(self) -> DraftPolicy:
+        policy = DraftPolicy()
+        policy.max_length = self.max_length if self.length is None else self.length
+        return policy
+
+    def rule(self, fixed_speedups: dict):
+        import theory
+
+        if self.length is None:
+            self.length = max(range(1, self.max_length + 1), key=lambda k: (fixed_speedups[k], -k))
+        return theory.fixed_length_rule(self.length)
+
+
+class SpecDecHeuristic(SpecDecPP):
+    """SpecDec++'s other baseline: transformers' heuristic schedule (:class:`HeuristicSchedule`) on the same
+    drafter, prompts and calibration as ``specdecpp``."""
+
+    name = "specdecpp-heuristic"
+
+    def __init__(self, target, tokenizer=None, *, head="confidence", **options) -> None:
+        super().__init__(target, tokenizer, head=head, **options)
+
+    def policy(self) -> DraftPolicy:
+        return HeuristicSchedule(self.max_length)
+
+    def rule(self, fixed_speedups: dict):
+        import theory
+
+        return theory.heuristic_schedule(maximum=self.max_length)

@@ -37,6 +37,8 @@ TINY_OPTIONS = {
     "kangaroo": {"exit_layer": 1, "gamma": 3},
     "kangaroo-fixed": {"exit_layer": 1, "gamma": 3},
     "specdecpp": {"exit_layer": 1, "max_length": 3},
+    "specdecpp-fixed": {"exit_layer": 1, "max_length": 3},
+    "specdecpp-heuristic": {"exit_layer": 1, "max_length": 3},
     "code-completion": {"exit_layers": [2]},
     "online": {"gamma": 3, "steps": 2, "lr": 1e-2, "window": 16},
     # Untrained prompt tokens: the law and greedy identity hold whatever the guesses are.
@@ -94,6 +96,7 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("sequoia", {"exit_layer": 4}, "exit_layer"),
         ("kangaroo", {"eta": 1.5}, "eta"),
         ("specdecpp", {"max_length": 0}, "max_length"),
+        ("specdecpp-fixed", {"max_length": 3, "length": 4}, "length must be at most"),
         ("easyspec", {"group_size": 0}, "group_size"),
         ("del", {"layers": [9]}, "layers"),
         ("code-completion", {"exit_layers": [0]}, "exit_layers"),

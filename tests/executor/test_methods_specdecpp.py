@@ -197,3 +197,39 @@ def test_specdecpp_with_a_trained_head_samples_the_exact_target_law(
         assert p_value < P_THRESHOLD, f"the broken verifier went unnoticed: p = {p_value:.2e}"
     else:
         assert p_value > P_THRESHOLD, f"G-test p = {p_value:.2e}"
+
+
+def test_the_heuristic_schedule_grows_by_two_after_full_acceptance_and_shrinks_by_one_otherwise():
+    from types import SimpleNamespace
+
+    from executor.methods.specdecpp import HeuristicSchedule
+
+    policy = HeuristicSchedule(max_length=8)
+    lengths = [policy.round_length()]
+    for accepted in ([True] * 5, [True] * 7, [True] * 8, [True, False], [False], [], [False] * 6):
+        policy.after_step(SimpleNamespace(accepted=accepted))
+        lengths.append(policy.round_length())
+    # transformers: start 5, +2 when every draft was accepted, else -1, floor 1; capped here at max_length.
+    assert lengths == [5, 7, 8, 8, 7, 6, 6, 5]
+    low = HeuristicSchedule(max_length=8, start=1)
+    low.after_step(SimpleNamespace(accepted=[False]))
+    assert low.round_length() == 1
+    assert HeuristicSchedule(max_length=3).round_length() == 3
+
+
+def test_the_fixed_baseline_drafts_the_theorys_best_length_every_round(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = spread_model(tiny_model)
+    method = methods.get("specdecpp-fixed")(model, drafter=lambda: drafter_for(model), max_length=4)
+    assert method.head == "confidence"
+    prediction = method.predict(CALIBRATION, 0.0, 8)
+    speedups = prediction.details["fixed_k_speedup"]
+    best = max(range(1, 5), key=lambda k: (speedups[k], -k))
+    assert method.length == best and prediction.details["rule"] == f"fixed K={best}"
+    decoder = method.build(0.0)
+    result = decoder.generate(PROMPT, 16)
+    assert set(decoder.drafted_lengths[1:]) == {best}  # step 1 may have no feature yet to draft from
+    assert result.token_ids == AutoregressiveDecoder(model).generate(PROMPT, 16).token_ids
+    forced = methods.get("specdecpp-fixed")(model, drafter=lambda: drafter_for(model), max_length=4, length=2)
+    forced.predict(CALIBRATION, 0.0, 8)
+    assert forced.length == 2
