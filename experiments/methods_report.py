@@ -75,6 +75,9 @@ def summarise_unit(unit: dict) -> dict:
         },
         "memory_bound_speedup": memory_bound,
         "greedy_identical": identical if unit["lossless"] and unit["temperature"] == 0 else None,
+        # Where greedy output diverged: each first divergence, with the target's logit gap there against the
+        # dtype's rounding step (experiments.methods_run.first_divergence).
+        "greedy_divergences": [p["divergence"] for p in prompts if p.get("divergence")],
         "exact_match": float(np.mean([p["identical"] for p in prompts])),
         "rouge_l": float(np.mean([p["rouge_l"] for p in prompts])),
         "layers_per_token": sum(p["layer_evaluations"] for p in prompts) / tokens if tokens else math.nan,
@@ -95,8 +98,31 @@ def summarise_unit(unit: dict) -> dict:
     row["step_cost_vs_ar_token"] = (wall / steps) / ar_step if steps and ar_step else math.nan
     row["where_it_pays"] = where_it_pays(row, prompts, steps)
     row["pays_on_this_machine"] = bool(speedup > 1)
+    row["greedy_identical_up_to_rounding"] = _up_to_rounding(row)
     row["note"] = _note(row)
     return row
+
+
+def _up_to_rounding(row: dict) -> bool | None:
+    """Greedy output identical, or diverging only where the target's two tokens were tied or one rounding
+    step apart; ``None`` where greedy identity does not apply or a divergence was not checked."""
+    if row["greedy_identical"] is None:
+        return None
+    divergences = row["greedy_divergences"]
+    if row["greedy_identical"] or not divergences:
+        return row["greedy_identical"] or None
+    return all(d.get("within_one_step", False) for d in divergences)
+
+
+def _identity(row: dict) -> str:
+    """The greedy-identity cell: yes, NO, or the prompts that diverged at a rounding tie."""
+    if row["greedy_identical"] is not False or not row["greedy_divergences"]:
+        return _fmt(row["greedy_identical"])
+    ties = sum(bool(d.get("within_one_step")) for d in row["greedy_divergences"])
+    diverged = len(row["greedy_divergences"])
+    if ties == diverged:
+        return f"at ties ({diverged}/{row['prompts']})"
+    return f"NO ({diverged - ties}/{row['prompts']} beyond a rounding step)"
 
 
 #: Relative error of the predicted tau that counts as a hit (the issue's 10%).
@@ -340,7 +366,7 @@ def render_markdown(report: dict) -> str:
             f"| {row['method']} | {row['temperature']:g} | {_fmt(row['lossless'])} | {_fmt(row['measured_tau'])} "
             f"| {_fmt(row['predicted_tau'])} | {row.get('prediction_check') or '–'} | {positions} | {_fmt(row['tokens_per_s'], 1)} "
             f"| {_fmt(row['ar_tokens_per_s'], 1)} | {_fmt(row['speedup_vs_ar'])} "
-            f"| {_fmt(row.get('cpu_speedup_vs_ar'))} | {_fmt(row['greedy_identical'])} "
+            f"| {_fmt(row.get('cpu_speedup_vs_ar'))} | {_identity(row)} "
             f"| {_fmt(row['exact_match'])} | {_fmt(row['rouge_l'])} | {_fmt(row['layers_per_token'], 1)} "
             f"| {_fmt(row['memory_bound_speedup'])} | {_fmt(row['train_seconds'], 3)} | {row['note']} |"
         )

@@ -6,6 +6,7 @@ from experiments.commands import add_dtype_argument, add_quantize_argument
 
 HELP = "run the seed papers' methods side by side with plain decoding and the theory's predictions"
 
+
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--quick",

@@ -75,7 +75,8 @@ def test_quick_run_on_a_tiny_model_writes_every_row_and_resumes(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # PPD's tokens stay out of the user's cache
     out = tmp_path / "run"
     arguments = ["methods", "--quick", "--model", str(tiny_checkpoint), "--out", str(out), "--threads", "1"]
-    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--set", "ppd.train_steps=2", "--dtype", "float32"]
+    arguments += ["--prompts", "1", "--max-new-tokens", "8", "--dtype", "float32"]
+    arguments += ["--set", "ppd.train_steps=2"]
     assert main(arguments) == 0
     assert "specbound methods" in capsys.readouterr().out
     report = json.loads((out / "methods.json").read_text())

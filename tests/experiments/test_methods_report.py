@@ -173,3 +173,28 @@ def test_the_cpu_summary_counts_a_shared_baseline_once_per_temperature():
     assert "CPU seconds" in cpu_summary(rows, shared_baseline=True)
     assert ": 13 = predict 2 + method runs 6 + plain decoding 5;" in cpu_summary(rows, shared_baseline=True)
     assert ": 18 = predict 2 + method runs 6 + plain decoding 10;" in cpu_summary(rows, shared_baseline=False)
+
+
+def _diverged(divergences):
+    """A unit of one prompt per entry of ``divergences`` (None: identical to plain decoding)."""
+    base = unit(predicted=2.0, step_tokens=[2, 2], wall=1, ar_wall=1)
+    template = base["prompts"][0]
+    base["prompts"] = [{**template, "identical": d is None, "divergence": d} for d in divergences]
+    return summarise_unit(base)
+
+
+def test_greedy_divergences_at_rounding_ties_are_told_apart_from_real_ones():
+    from experiments.methods_report import _identity
+
+    tie = {"position": 3, "gap": 0.0, "spacing": 0.25, "within_one_step": True}
+    step = {"position": 7, "gap": 0.125, "spacing": 0.125, "within_one_step": True}
+    real = {"position": 1, "gap": 2.0, "spacing": 0.25, "within_one_step": False}
+    identical = _diverged([None, None])
+    assert identical["greedy_identical"] is True and identical["greedy_identical_up_to_rounding"] is True
+    assert _identity(identical) == "yes"
+    at_ties = _diverged([tie, None, step])
+    assert at_ties["greedy_identical"] is False and at_ties["greedy_identical_up_to_rounding"] is True
+    assert _identity(at_ties) == "at ties (2/3)"
+    broken = _diverged([tie, real])
+    assert broken["greedy_identical_up_to_rounding"] is False
+    assert _identity(broken) == "NO (1/2 beyond a rounding step)"
