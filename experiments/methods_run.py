@@ -181,8 +181,8 @@ def first_divergence(model, prompt, reference, tokens) -> dict | None:
     how far apart the target's logits put the two tokens there.
 
     One forward over the prompt and the common prefix gives the logits; ``gap`` is ``|z_a - z_b|`` and
-    ``spacing`` the distance between neighbouring values of the logits' dtype at that magnitude (bf16 keeps
-    8 significant bits: 0.25 at 33). A lossless decoder in bfloat16 can still diverge from plain decoding where
+    ``spacing`` the distance between neighbouring values at that magnitude in the coarser of the logits' and
+    the model's dtype (bf16 keeps 8 significant bits: 0.25 at 33). A lossless decoder in bfloat16 can still diverge from plain decoding where
     ``gap <= spacing``: the verifying pass over several positions rounds differently from a one-token pass, and
     two tokens one rounding step apart (or tied) swap places. A divergence with ``gap > spacing`` is not that.
     """
@@ -201,13 +201,17 @@ def first_divergence(model, prompt, reference, tokens) -> dict | None:
         logits = model(torch.tensor([ids], device=device), torch.arange(len(ids), device=device))[0, -1]
     a, b = reference[position], tokens[position]
     za, zb = float(logits[a]), float(logits[b])
-    magnitude = max(abs(za), abs(zb), torch.finfo(logits.dtype).tiny)
-    spacing = torch.finfo(logits.dtype).eps * 2.0 ** math.floor(math.log2(magnitude))
+    # The model's dtype bounds the logits' precision even when they are handed back in float32.
+    dtypes = [logits.dtype, model.tok_embeddings.weight.dtype]
+    eps = max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
+    magnitude = max(abs(za), abs(zb), torch.finfo(torch.float32).tiny)
+    spacing = eps * 2.0 ** math.floor(math.log2(magnitude))
     gap = abs(za - zb)
     return {
         "position": position,
         "reference_token": a,
         "token": b,
+        "logits": [za, zb],
         "gap": gap,
         "spacing": spacing,
         "within_one_step": gap <= spacing,

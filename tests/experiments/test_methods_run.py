@@ -44,6 +44,14 @@ def test_bfloat16_divergences_are_measured_against_the_rounding_step(values, wit
     assert found["within_one_step"] is within
 
 
+def test_a_bfloat16_model_bounds_the_precision_of_logits_handed_back_in_float32():
+    model = FixedLogits(torch.tensor([33.0, 33.25, 20.0], dtype=torch.float32))
+    model.tok_embeddings = model.tok_embeddings.to(torch.bfloat16)
+    found = first_divergence(model, [5], [1], [0])
+    assert found["spacing"] == 0.25 and found["within_one_step"] is True
+    assert found["logits"] == [33.25, 33.0]
+
+
 def test_identical_output_has_no_divergence_and_float32_gaps_are_real():
     model = build_tiny_model(3, vocab_size=8, max_seq_len=32)
     assert first_divergence(model, [1, 2], [3, 4, 5], [3, 4, 5]) is None
