@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MethodsConfig", "first_divergence", "run_methods", "run_unit"]
+__all__ = ["MethodsConfig", "run_methods", "run_unit"]
 
 #: The temperatures every method runs at (code completion is a greedy study: temperature 0 only).
 TEMPERATURES = (0.0, 1.0)
@@ -111,6 +111,7 @@ def run_unit(
     import executor.methods as methods
     from executor.methods.base import head_layer_equivalents
     from executor.methods.code_completion import rouge_l
+    from experiments.divergence import first_divergence
 
     method = methods.get(name)(model, tokenizer, **config.options.get(name, {}))
     if references is not None and hasattr(method, "references"):
@@ -174,48 +175,6 @@ def run_unit(
             }
         )
     return record
-
-
-def first_divergence(model, prompt, reference, tokens) -> dict | None:
-    """Where greedy ``tokens`` first differ from plain decoding's ``reference`` (``None``: they do not), and
-    how far apart the target's logits put the two tokens there.
-
-    One forward over the prompt and the common prefix gives the logits; ``gap`` is ``|z_a - z_b|`` and
-    ``spacing`` the distance between neighbouring values at that magnitude in the coarser of the logits' and
-    the model's dtype (bf16 keeps 8 significant bits: 0.25 at 33). A lossless decoder in bfloat16 can still diverge from plain decoding where
-    ``gap <= spacing``: the verifying pass over several positions rounds differently from a one-token pass, and
-    two tokens one rounding step apart (or tied) swap places. A divergence with ``gap > spacing`` is not that.
-    """
-    import math
-
-    import torch
-
-    reference, tokens = list(reference), list(tokens)
-    position = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b), None)
-    if position is None:
-        return None if len(reference) == len(tokens) else {"position": min(len(reference), len(tokens))}
-    ids = list(prompt) + reference[:position]
-    device = model.tok_embeddings.weight.device
-    model.setup_cache(len(ids))
-    with torch.no_grad():
-        logits = model(torch.tensor([ids], device=device), torch.arange(len(ids), device=device))[0, -1]
-    a, b = reference[position], tokens[position]
-    za, zb = float(logits[a]), float(logits[b])
-    # The model's dtype bounds the logits' precision even when they are handed back in float32.
-    dtypes = [logits.dtype, model.tok_embeddings.weight.dtype]
-    eps = max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
-    magnitude = max(abs(za), abs(zb), torch.finfo(torch.float32).tiny)
-    spacing = eps * 2.0 ** math.floor(math.log2(magnitude))
-    gap = abs(za - zb)
-    return {
-        "position": position,
-        "reference_token": a,
-        "token": b,
-        "logits": [za, zb],
-        "gap": gap,
-        "spacing": spacing,
-        "within_one_step": gap <= spacing,
-    }
 
 
 def run_methods(

@@ -1,4 +1,4 @@
-"""experiments.methods_run.first_divergence: where greedy output departs from plain decoding, and whether the
+"""experiments.divergence.first_divergence: where greedy output departs from plain decoding, and whether the
 target's logits there were one rounding step apart (a bfloat16 tie) or further."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.methods_run import first_divergence
+from experiments.divergence import first_divergence
 from tests.tiny_models import build_tiny_model
 
 
