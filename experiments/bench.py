@@ -24,7 +24,9 @@ Summary of a row over all rounds (:func:`summarise`):
   over the time after the first token (the prefill left out);
 * at temperature 0, ``agrees_with_ar``: the fraction of rounds whose generated tokens equal ``ar``'s in the
   same dtype (greedy speculative decoding must reproduce plain greedy decoding, up to near-ties in the
-  logits); ``None`` at temperature > 0.
+  logits); ``None`` at temperature > 0; and for our decoders ``agrees_with_ar_up_to_ties``, which also counts
+  rounds whose first difference is at a tie of the target's logits or one rounding step
+  (:mod:`experiments.divergence`): below 1, a decoder is not reproducing its target.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "Record",
     "RowKey",
     "checkpoint_path",
+    "greedy_divergences",
     "read_checkpoint",
     "render_markdown",
     "run_bench",
@@ -190,11 +193,41 @@ def checkpoint_path(out: str) -> str:
     return os.path.splitext(out)[0] + ".partial.json"
 
 
-def summarise(done: list[dict[RowKey, Record]]) -> list[dict]:
-    """One summary row per :class:`RowKey` (see the module docstring), in the order the rows were given."""
+def greedy_divergences(
+    done: list[dict[RowKey, Record]], prompts: list[list[int]], models: dict, rows
+) -> dict[tuple[int, RowKey], dict]:
+    """For every round and every greedy row in ``rows`` (decoders that verify with ``models[dtype]``, the
+    target ``ar`` runs), keyed by ``(round, row)``: ``None`` where its tokens equal ``ar``'s, else
+    :func:`experiments.divergence.first_divergence`. Round ``r`` ran prompt ``r % len(prompts)``
+    (:func:`run_bench`)."""
+    from experiments.divergence import first_divergence
+
+    found = {}
+    for index, round_records in enumerate(done):
+        prompt = prompts[index % len(prompts)]
+        for key, record in round_records.items():
+            ar = RowKey("ar", key.dtype, key.temperature)
+            if key.temperature != 0 or key == ar or key not in rows or ar not in round_records:
+                continue
+            reference = round_records[ar].token_ids
+            found[(index, key)] = (
+                None
+                if record.token_ids == reference
+                else first_divergence(models[key.dtype], prompt, reference, record.token_ids)
+            )
+    return found
+
+
+def summarise(done: list[dict[RowKey, Record]], divergences: dict | None = None) -> list[dict]:
+    """One summary row per :class:`RowKey` (see the module docstring), in the order the rows were given.
+
+    With ``divergences`` (:func:`greedy_divergences`), greedy rows also get ``agrees_with_ar_up_to_ties``: the
+    fraction of rounds whose tokens equal ``ar``'s or first differ where the target's two logits are tied or one
+    rounding step apart, and ``divergences``, those first differences."""
     if not done:
         raise ValueError("done must hold at least one finished round")
     keys = list(done[0])
+    divergences = divergences or {}
     totals = {}
     for key in keys:
         records = [rnd[key] for rnd in done]
@@ -235,6 +268,15 @@ def summarise(done: list[dict[RowKey, Record]]) -> list[dict]:
             row["agrees_with_ar"] = sum(same) / len(same)
         else:
             row["agrees_with_ar"] = None
+        checked = [divergences.get((i, key)) for i in range(len(done))]
+        if row["agrees_with_ar"] is not None and any((i, key) in divergences for i in range(len(done))):
+            up_to_ties = [
+                s or bool(d and d.get("within_one_step")) for s, d in zip(same, checked, strict=True)
+            ]
+            row["agrees_with_ar_up_to_ties"] = sum(up_to_ties) / len(up_to_ties)
+            row["divergences"] = [d for d in checked if d]
+        else:
+            row["agrees_with_ar_up_to_ties"] = None
     return list(totals.values())
 
 
@@ -275,8 +317,9 @@ def render_markdown(result: dict) -> str:
             "",
             f"## Temperature {temperature:g}",
             "",
-            "| decoder | dtype | tokens/s | τ | acceptance by position | vs ar | vs hf | same tokens as ar |",
-            "|---|---|---:|---:|---|---:|---:|---:|",
+            "| decoder | dtype | tokens/s | τ | acceptance by position | vs ar | vs hf | same tokens as ar "
+            "| same up to ties |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|",
         ]
         for row in result["rows"]:
             if row["temperature"] != temperature:
@@ -284,7 +327,8 @@ def render_markdown(result: dict) -> str:
             lines.append(
                 f"| {row['decoder']} | {row['dtype']} | {row['tokens_per_s']:.2f} | {_number(row['tau'])} "
                 f"| {_positions(row['acceptance_per_position'])} | {_number(row['vs_ar'])} "
-                f"| {_number(row['vs_hf_generate'])} | {_number(row['agrees_with_ar'])} |"
+                f"| {_number(row['vs_hf_generate'])} | {_number(row['agrees_with_ar'])} "
+                f"| {_number(row.get('agrees_with_ar_up_to_ties'))} |"
             )
     forward = result.get("forward") or []
     if forward:

@@ -126,7 +126,14 @@ def run(args) -> int:
 
     from experiments import bench_plan, bench_rows
     from experiments.apriori.cli import check_writable
-    from experiments.bench import checkpoint_path, read_checkpoint, run_bench, summarise, write_report
+    from experiments.bench import (
+        checkpoint_path,
+        greedy_divergences,
+        read_checkpoint,
+        run_bench,
+        summarise,
+        write_report,
+    )
     from experiments.commands import compile_target, set_torch_threads
     from experiments.profiling import context_ids
     from experiments.prompts import prompt_set
@@ -211,6 +218,8 @@ def run(args) -> int:
                 config, profiled, model, prompts, context, args.max_new_tokens, stem
             )
     runners = bench_rows.build_runners(config, targets, peers, prepared["plans"])
+    # Greedy rows that verify with our target of their dtype: checked for divergences at rounding ties.
+    ours = {key for key in runners if not key.decoder.startswith("hf-")}
     runners.update(extra)
     done = run_bench(
         runners,
@@ -223,7 +232,9 @@ def run(args) -> int:
         prepared=prepared,
         progress=lambda pairs: tqdm(pairs, desc="bench", unit="run"),
     )
-    result = {"settings": settings, "rows": summarise(done), **prepared}
+    models = {dtype: model for dtype, (model, _) in targets.items()}
+    divergences = greedy_divergences(done, prompts, models, ours)
+    result = {"settings": settings, "rows": summarise(done, divergences), **prepared}
     if config.compile:  # wall seconds of compilation (or of loading it from Inductor's cache), apart
         result["compile_seconds"] = compile_seconds
     if "llamacpp" in prepared:

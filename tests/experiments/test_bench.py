@@ -12,6 +12,7 @@ from experiments.bench import (
     Record,
     RowKey,
     checkpoint_path,
+    greedy_divergences,
     render_markdown,
     run_bench,
     summarise,
@@ -94,6 +95,60 @@ def test_agreement_with_ar_counts_rounds_with_other_tokens_and_is_none_when_samp
     assert rows[("good", 0.0)]["agrees_with_ar"] == 1.0
     assert rows[("bad", 0.0)]["agrees_with_ar"] == pytest.approx(2 / 3)
     assert rows[("sampled", 1.0)]["agrees_with_ar"] is None
+
+
+def test_rounds_diverging_at_a_tie_count_as_agreeing_up_to_ties_and_others_do_not():
+    ar, tied, broken = keys("ar", "tied", "broken")
+    record = lambda ids: Record(tokens=len(ids), seconds=1.0, token_ids=ids)  # noqa: E731
+    done = [
+        {ar: record([1, 2]), tied: record([1, 2]), broken: record([1, 2])},
+        {ar: record([3, 4]), tied: record([3, 5]), broken: record([6, 4])},
+    ]
+    divergences = {
+        (0, tied): None,
+        (0, broken): None,
+        (1, tied): {"position": 1, "gap": 0.0, "spacing": 0.25, "within_one_step": True},
+        (1, broken): {"position": 0, "gap": 1.5, "spacing": 0.25, "within_one_step": False},
+    }
+    rows = {r["decoder"]: r for r in summarise(done, divergences)}
+    assert rows["tied"]["agrees_with_ar"] == 0.5 and rows["tied"]["agrees_with_ar_up_to_ties"] == 1.0
+    assert rows["broken"]["agrees_with_ar_up_to_ties"] == 0.5
+    assert rows["broken"]["divergences"] == [divergences[(1, broken)]]
+    assert rows["ar"]["agrees_with_ar_up_to_ties"] is None
+    # Without the check (peers, old reports) the column stays empty.
+    assert summarise(done)[1]["agrees_with_ar_up_to_ties"] is None
+
+
+def test_greedy_divergences_are_measured_on_the_rows_own_target_for_our_rows_only():
+    from tests.tiny_models import build_tiny_model
+
+    model = build_tiny_model(3, vocab_size=8, max_seq_len=32)
+    ar, ours, peer = keys("ar", "chain", "hf-generate")
+    sampled_ar, sampled = keys("ar", "chain", temperature=1.0)
+    record = lambda ids: Record(tokens=len(ids), seconds=1.0, token_ids=ids)  # noqa: E731
+    done = [
+        {
+            ar: record([1, 2]),
+            ours: record([1, 3]),
+            peer: record([4, 4]),
+            sampled_ar: record([1]),
+            sampled: record([2]),
+        },
+        {
+            ar: record([5, 6]),
+            ours: record([5, 6]),
+            peer: record([5, 6]),
+            sampled_ar: record([1]),
+            sampled: record([1]),
+        },
+    ]
+    found = greedy_divergences(done, [[7, 7], [6, 6]], {"float32": model}, {ar, ours, sampled})
+    # The peer is not ours and the sampled row is not greedy; round 1 agrees (checked: None).
+    assert set(found) == {(0, ours), (1, ours)} and found[(1, ours)] is None
+    assert found[(0, ours)]["position"] == 1 and (
+        found[(0, ours)]["reference_token"],
+        found[(0, ours)]["token"],
+    ) == (2, 3)
 
 
 def test_an_interrupted_run_resumes_at_the_first_unfinished_round(tmp_path):
