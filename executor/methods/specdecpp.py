@@ -167,8 +167,11 @@ class _Recorder(DraftPolicy):
         self._round = []
 
     def continue_after(self, drafted, logits, feature=None) -> bool:
-        feature = None if feature is None else head_input(feature, logits)
-        self._round.append((feature, float(logits.float().softmax(-1).max())))
+        if feature is None:
+            self._round.append((None, float(logits.float().softmax(-1).max())))
+        else:  # head_input already holds the top-1 probability: one softmax over the vocabulary, not two
+            row = head_input(feature, logits)
+            self._round.append((row, float(row[-STATISTICS])))
         return True
 
     def after_step(self, log) -> None:
@@ -379,7 +382,8 @@ def cached_acceptance_head(
         "seed": seed,
         "corpus": "stdlib",
     }
-    directory = default_checkpoint_dir(KIND, model_fingerprint(target), recipe)
+    fingerprint = model_fingerprint(target)  # hashes sampled weights: once per call
+    directory = default_checkpoint_dir(KIND, fingerprint, recipe)
     if (directory / "card.json").is_file():
         tensors, card = load_checkpoint(directory, target=target, kind=KIND)
         head = AcceptanceHead(tensors["block.weight"].shape[0] - STATISTICS, depth)
@@ -403,7 +407,7 @@ def cached_acceptance_head(
         "kind": KIND,
         "recipe": recipe,
         "seconds": time.perf_counter() - start,
-        "target": model_fingerprint(target),
+        "target": fingerprint,
     }
     save_checkpoint(directory, head.state_dict(), card)
     return head, {**card, "cached": False}
