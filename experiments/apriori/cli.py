@@ -30,6 +30,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per generation (default 32)")
     parser.add_argument(
+        "--calibration-paths",
+        type=int,
+        default=None,
+        help="sampled calibration chains per calibration prompt at T > 0 (default 3; T = 0 runs one)",
+    )
+    parser.add_argument(
         "--temperatures",
         "--temperature",
         default="0,1",
@@ -107,6 +113,10 @@ def config_from_args(args):
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
         settings["max_new_tokens"] = args.max_new_tokens
+    if args.calibration_paths is not None:
+        if args.calibration_paths < 1:
+            raise ValueError(f"--calibration-paths must be at least 1, got {args.calibration_paths}")
+        settings["calibration_paths"] = args.calibration_paths
     settings["temperatures"] = parse_temperatures(args.temperatures)
     if args.decoders:
         wanted = tuple(name.strip() for name in args.decoders.split(",") if name.strip())

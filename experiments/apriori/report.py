@@ -305,7 +305,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         + "; "
         f"{config['prompts']} HumanEval prompts split by seed {config['seed']} into a calibration and an "
         f"evaluation half; {config['max_new_tokens']} new tokens; temperatures "
-        f"{', '.join(f'{t:g}' for t in config['temperatures'])}. Latency {report['latency']['source']}: "
+        f"{', '.join(f'{t:g}' for t in config['temperatures'])}; calibration chains per prompt: "
+        f"{config['calibration_paths']} sampled paths at T > 0, the greedy path at T = 0. "
+        f"Latency {report['latency']['source']}: "
         f"t(1) = {1000 * report['latency']['target_time']['1']:.2f} ms, draft pass "
         f"{1000 * report['latency']['draft_time']:.2f} ms.",
         "",

@@ -1,7 +1,7 @@
 """Run the a-priori loop: calibrate on one half of the prompts, predict, run the other half, report.
 
-Work is split into units, each written atomically to ``<out>/units/`` when it finishes: one calibration chain
-per (temperature, calibration prompt), one generation per (temperature, configuration, evaluation prompt).
+Work is split into units, each written atomically to ``<out>/units/`` when it finishes: the calibration chains
+of one (temperature, calibration prompt), one generation per (temperature, configuration, evaluation prompt).
 The latency profile (``latency.json``), the calibrations (``calibration-T*.json``) and the predictions
 (``predictions-T*.json``) are written *before* any evaluation unit runs, and kept on a rerun: an
 interrupted run resumes where it stopped with the same configurations. The report is rebuilt from the
@@ -68,6 +68,11 @@ class AprioriConfig:
     )
     decoders: tuple[str, ...] | None = None
     latency: str | None = None
+    # Sampled calibration paths per prompt at T > 0. A prompt's acceptance varies more between its sampled paths
+    # than between prompts: the mean of four calibration prompts' root acceptance at T = 1 was 0.296 with one
+    # set of seeds and 0.34-0.39 with three others (docs/validate.md). Greedy paths are deterministic: T = 0
+    # runs one.
+    calibration_paths: int = 3
     dtype: str = "auto"  # resolved to "float32" or "bfloat16" before the fingerprint: runs never mix dtypes
     quantize: str = "none"  # "int8": the int8 model is the target (executor.quantize)
 
@@ -285,6 +290,27 @@ def write_unit_log(result, path, *, temperature: float, top_k: int | None = None
     return write_generation_log([replace(result, steps=drafted)], path, top_k=top_k, temperature=temperature)
 
 
+def calibration_paths(config: AprioriConfig, temperature: float) -> int:
+    """Calibration chains per prompt at ``temperature``: ``config.calibration_paths`` sampled paths, one greedy."""
+    return 1 if temperature == 0 else config.calibration_paths
+
+
+def calibration_phase_seed(path: int) -> int:
+    """Seed offset of a prompt's ``path``-th calibration chain: 0 for the first (as before several paths), then
+    3000, 4000, ...: apart from the evaluation (1000) and overhead (2000) phases."""
+    return 0 if path == 0 else 2000 + 1000 * path
+
+
+def calibration_unit(index: int, paths: list[dict]) -> dict:
+    """One calibration prompt's unit: each path's counts and times under ``paths``, every event record pooled
+    under ``records``."""
+    return {
+        "prompt": index,
+        "paths": [{k: v for k, v in path.items() if k != "records"} for path in paths],
+        "records": [record for path in paths for record in path["records"]],
+    }
+
+
 def calibration_records(units: list[dict]) -> list[dict]:
     """Every event record of a list of unit records, in order."""
     return [record for unit in units for record in unit["records"]]
@@ -372,14 +398,18 @@ def run_apriori(
             **options,
         )
 
-    # 1. Calibration chains on the calibration half.
+    # 1. Calibration chains on the calibration half: one unit per prompt holding all its paths, so that the
+    # bootstrap over calibration prompts resamples whole prompts.
     calib_chain = DecoderConfig("calibration", "chain", gamma=config.depth)
     jobs = [(t, i) for t in config.temperatures for i in calibration_half]
     for t, index in bar(jobs, desc="calibrate"):
         path = out / "units" / f"calib-{_tag(t)}--{index:03d}.json"
         if not path.exists():
-            record = generate(calib_chain, t, index, 0, grid=config.multidraft)
-            _write_json({"prompt": index, **record}, path)
+            paths = [
+                generate(calib_chain, t, index, calibration_phase_seed(k), grid=config.multidraft)
+                for k in range(calibration_paths(config, t))
+            ]
+            _write_json(calibration_unit(index, paths), path)
 
     # 2. Latency profile: read from --latency, or measured here (target and drafter interleaved).
     latency_path = out / "latency.json"

@@ -16,6 +16,7 @@ from experiments.cli import main
         (["--temperatures", "0,-0.5"], "--temperatures"),
         (["--temperature", "hot"], "--temperatures"),
         (["--prompts", "1"], "--prompts"),
+        (["--calibration-paths", "0"], "--calibration-paths"),
         (["--drafter", "oracle"], "--drafter"),
         (["--log-top-k", "5"], "--log-top-k"),
         (["--log-out", "logs", "--log-top-k", "0"], "--log-top-k"),

@@ -73,7 +73,14 @@ def test_markdown_has_every_section():
         1.0, CAL, [DecoderConfig("ar", "ar"), DecoderConfig("c", "chain", gamma=2)], units, depth=2
     )
     report = {
-        "config": {"model": None, "prompts": 2, "seed": 0, "max_new_tokens": 8, "temperatures": [1.0]},
+        "config": {
+            "model": None,
+            "prompts": 2,
+            "seed": 0,
+            "max_new_tokens": 8,
+            "temperatures": [1.0],
+            "calibration_paths": 3,
+        },
         "drafter": "early-exit:1",
         "latency": CAL.latency.to_json(),
         "calibration": {"T1": CAL.to_json()},

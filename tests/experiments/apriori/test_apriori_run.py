@@ -215,6 +215,7 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
         assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
     finally:
         patch.setattr(run, "run_generation", real)
+    calls = [call for call in calls if call[2] != "calibration"]
     overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
     evaluation = [(seed - 1000, t) for seed, t, _ in calls if 1000 <= seed < 2000]
     turns = 2 * min(sum(t == 0.0 for t, _ in overhead), sum(t == 1.0 for t, _ in overhead))
@@ -224,3 +225,38 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
     for prompt in set(prompts):
         temperatures = [t for p, t in evaluation if p == prompt]
         assert temperatures == sorted(temperatures) and set(temperatures) == {0.0, 1.0}
+
+
+def test_each_calibration_prompt_runs_several_sampled_paths_and_one_greedy_path(tiny_run, tmp_path):
+    """At T > 0 each calibration prompt runs ``calibration_paths`` chains with distinct seeds, pooled in one unit
+    (the bootstrap resamples whole prompts); at T = 0 the greedy path is deterministic and runs once."""
+    import experiments.apriori.run as run
+
+    _, patch = tiny_run
+    calls = []
+    real = run.run_generation
+
+    def recording(decoder, model, prompt, **kwargs):
+        result = real(decoder, model, prompt, **kwargs)
+        if decoder.label == "calibration":
+            calls.append((kwargs["temperature"], tuple(prompt), kwargs["seed"], len(result["records"])))
+        return result
+
+    patch.setattr(run, "run_generation", recording)
+    try:
+        out = tmp_path / "run"
+        assert main([*ARGS, "--calibration-paths", "2", "--out", str(out)]) == 0
+    finally:
+        patch.setattr(run, "run_generation", real)
+    config = stored_config(out)
+    assert config.calibration_paths == 2
+    for t, paths in ((0.0, 1), (1.0, 2)):
+        units = [json.loads(p.read_text()) for p in sorted((out / "units").glob(f"calib-T{t:g}--*.json"))]
+        assert len(units) == 2  # --prompts 4: two calibration prompts
+        for unit in units:
+            assert len(unit["paths"]) == paths
+            assert all(path["temperature"] == t and path["tokens"] > 0 for path in unit["paths"])
+        runs = [c for c in calls if c[0] == t]
+        assert len(runs) == 2 * paths
+        assert len({seed for _, _, seed, _ in runs}) == len(runs)  # no two paths draw the same samples
+        assert sum(len(u["records"]) for u in units) == sum(events for *_, events in runs)
