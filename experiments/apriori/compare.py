@@ -3,7 +3,9 @@
 The unit of resampling is the prompt (Efron's percentile bootstrap over the evaluation prompts): tokens per
 step is the ratio of summed tokens to summed steps, acceptance at position ``i`` the ratio of steps whose
 accepted path reached depth ``i + 1`` to steps that drafted, and the speedup the ratio of a configuration's
-tokens per second to plain decoding's on the *same* resampled prompts (paired).
+tokens per second to plain decoding's on the *same* resampled prompts (paired). A run has few prompts (4 per
+half by default), where a plain percentile interval is too narrow: the intervals are *expanded*
+(:func:`expand`), so that a 95% interval covers at about 95%.
 
 When an a-priori prediction falls outside its interval, :func:`diagnose` splits the gap
 ``predicted − measured`` into the parts each assumption of the prediction is responsible for:
@@ -27,6 +29,8 @@ __all__ = [
     "bootstrap_speedup",
     "diagnose",
     "difference_interval",
+    "expand",
+    "expansion",
     "interval",
     "position_intervals",
     "ratio_samples",
@@ -56,6 +60,38 @@ def _indices(size: int, rng: np.random.Generator, resamples: int) -> np.ndarray:
     return rng.integers(0, size, size=(resamples, size))
 
 
+def expansion(size: int, level: float = LEVEL) -> float:
+    r"""Factor :math:`\sqrt{n/(n-1)}\; t_{n-1,(1+\ell)/2} / z_{(1+\ell)/2}` that widens a bootstrap interval
+    over ``size`` = :math:`n` resampled units to its nominal level :math:`\ell` (``inf`` below 2 units).
+
+    A percentile bootstrap over few units is too narrow twice over: it resamples the plug-in variance, which
+    is :math:`(n-1)/n` of the unbiased one, and its quantiles are normal ones where the spread is itself
+    estimated from :math:`n` values (Student's :math:`t` with :math:`n - 1` degrees of freedom). Hesterberg's
+    *expanded percentile interval* corrects both (Hesterberg, "What teachers should know about the bootstrap",
+    The American Statistician 69(4), 2015, §4.3). Over 4 prompts a plain 95% percentile interval is as wide
+    as an 81% t-interval; the factor is 1.88 there, 1.29 over 8 prompts and 1.04 over 50.
+    """
+    from scipy.stats import norm, t
+
+    if size < 2:
+        return float("inf")
+    tail = 0.5 + level / 2.0
+    return float(np.sqrt(size / (size - 1.0)) * t.ppf(tail, size - 1) / norm.ppf(tail))
+
+
+def expand(samples, estimate: float, size: int, level: float = LEVEL) -> np.ndarray:
+    """Bootstrap ``samples`` of ``estimate`` (over ``size`` units) with their deviations from it scaled by
+    :func:`expansion`: their percentile interval is then the expanded one. Scaling the deviations (instead of
+    moving the percentile levels) keeps a ratio's skew and needs no extra resamples. With fewer than 2 units
+    there is no spread to estimate and every sample is ``nan`` (an undefined interval)."""
+    samples = np.asarray(samples, dtype=np.float64)
+    factor = expansion(size, level)
+    if not np.isfinite(factor):
+        return np.full_like(samples, np.nan)
+    with np.errstate(invalid="ignore"):
+        return estimate + factor * (samples - estimate)
+
+
 def interval(samples, level: float = LEVEL) -> list[float]:
     """Percentile interval ``[low, high]`` of bootstrap ``samples`` (non-finite samples dropped)."""
     return _interval(np.asarray(samples, dtype=np.float64), level)
@@ -70,8 +106,12 @@ def _interval(samples: np.ndarray, level: float) -> list[float]:
 
 
 def bootstrap_ratio(numerators, denominators, rng, *, resamples: int = RESAMPLES, level: float = LEVEL):
-    """Percentile interval ``[low, high]`` of ``sum(numerators) / sum(denominators)`` over resampled prompts."""
-    return _interval(ratio_samples(numerators, denominators, rng, resamples=resamples), level)
+    """Expanded percentile interval ``[low, high]`` of ``sum(numerators) / sum(denominators)`` over resampled
+    prompts."""
+    samples = ratio_samples(numerators, denominators, rng, resamples=resamples)
+    top, bottom = np.sum(numerators, dtype=np.float64), np.sum(denominators, dtype=np.float64)
+    estimate = top / bottom if bottom > 0 else float("nan")
+    return _interval(expand(samples, estimate, len(numerators), level), level)
 
 
 def difference_interval(measured, predicted, *, level: float = LEVEL) -> list[float]:
@@ -104,8 +144,12 @@ def ratio_samples(numerators, denominators, rng, *, resamples: int = RESAMPLES) 
 
 
 def bootstrap_speedup(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RESAMPLES, level=LEVEL):
-    """Interval of ``(Σ tokens / Σ seconds) / (Σ ar_tokens / Σ ar_seconds)``, prompts resampled in pairs."""
-    return _interval(speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, resamples=resamples), level)
+    """Expanded interval of ``(Σ tokens / Σ seconds) / (Σ ar_tokens / Σ ar_seconds)``, prompts resampled in
+    pairs."""
+    samples = speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, resamples=resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        estimate = (np.sum(tokens) / np.sum(seconds)) / (np.sum(ar_tokens) / np.sum(ar_seconds))
+    return _interval(expand(samples, float(estimate), len(tokens), level), level)
 
 
 def speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RESAMPLES) -> np.ndarray:
@@ -130,7 +174,8 @@ def speedup_samples(tokens, seconds, ar_tokens, ar_seconds, rng, *, resamples=RE
 
 
 def position_intervals(reached, drafted, rng, *, resamples=RESAMPLES, level=LEVEL):
-    """Per position ``i``: measured acceptance ``Σ reached[:, i] / Σ drafted`` and its interval.
+    """Per position ``i``: measured acceptance ``Σ reached[:, i] / Σ drafted`` and its expanded interval
+    (within [0, 1]).
 
     ``reached`` is ``(prompts, positions)``: steps of each prompt whose accepted path reached depth ``i + 1``;
     ``drafted`` the steps of each prompt that drafted at least one token.
@@ -144,7 +189,9 @@ def position_intervals(reached, drafted, rng, *, resamples=RESAMPLES, level=LEVE
     total = drafted.sum()
     measured = (reached.sum(0) / total).tolist() if total > 0 else [float("nan")] * reached.shape[1]
     intervals = [
-        bootstrap_ratio(reached[:, i], drafted, rng, resamples=resamples, level=level)
+        np.clip(
+            bootstrap_ratio(reached[:, i], drafted, rng, resamples=resamples, level=level), 0.0, 1.0
+        ).tolist()
         for i in range(reached.shape[1])
     ]
     return measured, intervals

@@ -2,7 +2,9 @@
 
 Exact checks: constant data gives zero-width intervals; the diagnosis parts add up to the gap. Statistical
 check (fixed seed, threshold stated): the 95% interval of a ratio of sums covers the true ratio in 88-99% of
-300 simulated evaluations; the negative control (a value 30% off) is covered in under 10%.
+300 simulated evaluations; the negative control (a value 30% off) is covered in under 10%. Over four
+heterogeneous prompts the expanded interval covers 93.8% (seed 5; threshold 90-99%) where the plain percentile
+interval covers 78.9% (the negative control, threshold < 88%).
 """
 
 import numpy as np
@@ -12,7 +14,11 @@ from experiments.apriori.compare import (
     bootstrap_ratio,
     bootstrap_speedup,
     diagnose,
+    expand,
+    expansion,
+    interval,
     position_intervals,
+    ratio_samples,
     within_ci,
 )
 
@@ -71,3 +77,35 @@ def test_diagnosis_parts_add_up_to_the_gap_and_name_the_largest():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call(np.random.default_rng(0))
+
+
+def test_expansion_is_the_t_correction_of_the_plug_in_spread():
+    """sqrt(n / (n - 1)) t_{n-1} / z: exact values from the t table, 1 in the limit, undefined below 2 units."""
+    assert expansion(4) == pytest.approx(np.sqrt(4 / 3) * 3.182446 / 1.959964, rel=1e-6)
+    assert expansion(8) == pytest.approx(np.sqrt(8 / 7) * 2.364624 / 1.959964, rel=1e-6)
+    assert expansion(10_000) == pytest.approx(1.0, abs=1e-3)
+    assert expansion(1) == float("inf")
+    assert np.isnan(expand([1.0, 2.0], 1.5, 1)).all()
+    assert expand([1.0, 2.0], 1.5, 4) == pytest.approx(1.5 + expansion(4) * np.array([-0.5, 0.5]))
+
+
+def test_expanded_interval_covers_at_its_level_over_four_heterogeneous_prompts():
+    """Four prompts whose acceptance differs (Beta(8, 12) per prompt, mean 0.4): the expanded 95% interval of
+    the ratio covers the true tau = 1.4 in 90-99% of 1000 simulated runs; the plain percentile interval of
+    the same bootstrap samples (the negative control) in under 88%, and a value 30% off is covered in under
+    10%."""
+    rng = np.random.default_rng(5)
+    expanded = plain = wrong = 0
+    runs = 1000
+    for _ in range(runs):
+        steps = rng.integers(20, 40, size=4).astype(float)
+        tokens = steps + rng.binomial(steps.astype(int), rng.beta(8, 12, size=4))
+        samples = ratio_samples(tokens, steps, rng, resamples=400)
+        estimate = tokens.sum() / steps.sum()
+        expanded_ci = interval(expand(samples, estimate, 4))
+        expanded += within_ci(1.4, expanded_ci)
+        plain += within_ci(1.4, interval(samples))
+        wrong += within_ci(1.4 * 1.3, expanded_ci)
+    assert 0.90 <= expanded / runs <= 0.99
+    assert plain / runs < 0.88
+    assert wrong / runs < 0.10
