@@ -17,7 +17,11 @@ from pathlib import Path
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("log shards (--logs)")
     group.add_argument(
-        "--logs", metavar="PATTERN", default=None, help="glob of .npz log shards (full or top-k)"
+        "--logs",
+        "--log",
+        metavar="PATTERN",
+        default=None,
+        help="a .npz log, or a glob of .npz log shards (full or top-k)",
     )
     where = group.add_mutually_exclusive_group()
     where.add_argument(
@@ -81,6 +85,11 @@ def run_logs(args: argparse.Namespace) -> int:
         wor_low=args.wor_low,
         progress=not args.no_progress,
     )
+    shards = report["shards"]
+    if shards["used"] == 0 and shards["skipped_count"] > 0:  # nothing to bound: say why, do not print n/a
+        reasons = "; ".join(f"{s['shard']}: {s['error']}" for s in shards["skipped"][:3])
+        more = f" (and {shards['skipped_count'] - 3} more)" if shards["skipped_count"] > 3 else ""
+        raise ValueError(f"--logs: no usable log among {shards['total']}: {reasons}{more}")
     if args.out is not None:
         from experiments.sharded_bound import _write_json_atomic
 

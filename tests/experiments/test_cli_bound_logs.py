@@ -73,6 +73,23 @@ def test_bound_json_reports_mean_low_high_per_law_and_n_with_shard_counts(full_l
     assert result["shards"]["skipped"] == [] and result["shards"]["skipped_count"] == 0
 
 
+def test_log_names_one_file_as_logs_names_a_pattern(full_log, capsys):
+    """``bound --log FILE.npz`` (a user's one log) reads the same as ``--logs PATTERN``."""
+    path, _, _ = full_log
+    by_pattern = bound_json(capsys, str(path), "-n", "2")
+    assert main(["bound", "--log", str(path), "-n", "2", "--workers", "0", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == by_pattern
+
+
+def test_a_log_with_mismatched_shapes_exits_non_zero_naming_the_argument(tmp_path, capsys):
+    """With no usable log the command fails and says why (a bad shard among good ones is skipped, reported)."""
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, p=np.full((3, 5), 0.2), q=np.full((3, 4), 0.25))
+    assert main(["bound", "--log", str(bad), "--workers", "0", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--logs" in err and "bad.npz" in err and "one shape" in err
+
+
 def test_top_k_with_k_equal_to_v_reproduces_the_full_log(full_log, tmp_path, capsys):
     path, _, _ = full_log
     out = tmp_path / "all.npz"
