@@ -45,6 +45,7 @@ __all__ = [
     "event_record",
     "measure_latency",
     "read_latency",
+    "shallow_profile",
     "split_prompts",
     "tree_width",
     "verification_events",
@@ -390,6 +391,10 @@ class Calibration:
     ``overhead[label]`` the measured seconds per step a decoder configuration spends beyond its target and draft
     passes (verification, sampling, bookkeeping; ``"ar"`` for plain decoding), filled in by the run from its
     overhead units on the calibration half.
+    ``shallow`` is the root profile of one-draft calibration chains (:func:`shallow_profile`; empty when none
+    ran): where a deep chain's roots fall (after a rejection, in clusters of hard positions) its root
+    acceptance is lower than where a depth-1 decoder's roots fall, so depth-1 configurations are predicted from
+    it (:func:`experiments.apriori.predict.predict`).
     """
 
     temperature: float
@@ -403,6 +408,7 @@ class Calibration:
     prompts: list[int] = field(default_factory=list)
     depth_buckets: list[dict[str, list[float]]] = field(default_factory=list)
     overhead: dict[str, float] = field(default_factory=dict)
+    shallow: dict = field(default_factory=dict)
 
     @property
     def depth(self) -> int:
@@ -421,6 +427,24 @@ class Calibration:
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
         return cls(**{**data, "latency": LatencyProfile.from_json(data["latency"])})
+
+
+def shallow_profile(records: list[dict], temperature: float) -> dict:
+    """The root profile of one-draft calibration chains (their event records): ``positional`` (the root's
+    chain acceptance), ``rank_matrix`` (its per-rank row), ``multidraft`` and ``bound`` (the grid), and
+    ``events``. What :class:`Calibration` keeps as ``shallow``."""
+    roots = [r for r in records if r["depth"] == 0]
+    if not roots:
+        raise ValueError("records: the one-draft calibration chains have no verification event at the root")
+    width = tree_width(temperature)
+    keys = sorted(roots[0].get("grid", {}))
+    return {
+        "positional": float(np.mean([r["chain"] for r in roots])),
+        "rank_matrix": np.mean([r["ranks"][:width] for r in roots], axis=0).tolist(),
+        "multidraft": {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys},
+        "bound": {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys},
+        "events": len(roots),
+    }
 
 
 def _per_depth(values: list[list], depth: int, fallback) -> tuple[np.ndarray, list[int]]:

@@ -26,7 +26,7 @@ against plain decoding (Leviathan et al., ICML 2023, arXiv 2211.17192, Theorem 3
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -315,14 +315,44 @@ def _tree_prediction(config, tree, matrix: np.ndarray, cal: Calibration, passes:
     return _finish(config, cal, tau, reach, step, {"size": tree.size})
 
 
+def decoder_depth(config: DecoderConfig) -> int:
+    """Deepest draft position of ``config`` (0 for plain decoding; a dynamic tree's level limit)."""
+    if config.kind == "ar":
+        return 0
+    if config.kind == "multidraft":
+        return 1
+    if config.kind == "tree":
+        import theory
+
+        return theory.Tree(list(config.parents)).depth
+    return config.gamma
+
+
+def _with_shallow_roots(cal: Calibration) -> Calibration:
+    """``cal`` with its root statistics replaced by those of the one-draft chains (``cal.shallow``)."""
+    shallow = cal.shallow
+    return replace(
+        cal,
+        positional=[shallow["positional"], *cal.positional[1:]],
+        rank_matrix=[shallow["rank_matrix"], *cal.rank_matrix[1:]],
+        multidraft={**cal.multidraft, **shallow["multidraft"]},
+        bound={**cal.bound, **shallow["bound"]},
+    )
+
+
 def predict(config: DecoderConfig, cal: Calibration, *, rule_buckets: dict | None = None) -> Prediction:
     """The theory's :class:`Prediction` for ``config`` from the calibration alone (see the module docstring).
+
+    A configuration that drafts one level only (:func:`decoder_depth` 1) is predicted from the root profile of
+    one-draft calibration chains when the calibration has one (``cal.shallow``).
 
     ``rule_buckets`` are the buckets a stop rule decides on (default ``cal.buckets``; a bootstrap resample of
     the calibration passes the point calibration's, which the executor runs).
     """
     import theory
 
+    if cal.shallow and decoder_depth(config) == 1:
+        cal = _with_shallow_roots(cal)
     lat = cal.latency
     t1 = lat.target_time[1]
     if config.kind == "ar":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.apriori.calibrate import Calibration, LatencyProfile, calibrate
+from experiments.apriori.calibrate import Calibration, LatencyProfile, calibrate, shallow_profile
 from experiments.apriori.compare import (
     diagnose,
     difference_interval,
@@ -194,22 +194,36 @@ CALIBRATION_RESAMPLES = 200
 
 
 def calibration_resamples(
-    units: list[dict], cal: Calibration, *, depth: int, seed: int, resamples: int = CALIBRATION_RESAMPLES
+    units: list[dict],
+    cal: Calibration,
+    *,
+    depth: int,
+    seed: int,
+    resamples: int = CALIBRATION_RESAMPLES,
+    shallow_units: list[dict] = (),
 ) -> list[Calibration]:
     """Calibrations of ``resamples`` bootstrap resamples of the calibration prompts (whole prompts drawn with
-    replacement from ``units``, the calibration chains), with the point calibration ``cal``'s bucket edges,
-    latency profile and overheads (the configurations and the stop rules' buckets stay those that ran).
-    A resample without a root event is skipped."""
+    replacement from ``units``, the calibration chains, and the same prompts from ``shallow_units``, their
+    one-draft chains), with the point calibration ``cal``'s bucket edges, latency profile and overheads (the
+    configurations and the stop rules' buckets stay those that ran). A resample without a root event is
+    skipped."""
+    if shallow_units and [u["prompt"] for u in shallow_units] != [u["prompt"] for u in units]:
+        raise ValueError("shallow_units: the one-draft chains must cover the calibration prompts in order")
     rng = np.random.default_rng([seed, 7])
     out = []
     for _ in range(resamples):
-        chosen = [units[i] for i in rng.integers(0, len(units), size=len(units))]
-        records = [r for u in chosen for r in u["records"]]
+        drawn = rng.integers(0, len(units), size=len(units))
+        records = [r for i in drawn for r in units[i]["records"]]
         if not any(r["depth"] == 0 for r in records):
             continue
         again = calibrate(
             records, cal.latency, temperature=cal.temperature, depth=depth, edges=cal.buckets["edges"]
         )
+        if shallow_units:
+            shallow = [r for i in drawn for r in shallow_units[i]["records"]]
+            if not any(r["depth"] == 0 for r in shallow):
+                continue
+            again.shallow = shallow_profile(shallow, cal.temperature)
         again.overhead = dict(cal.overhead)
         out.append(again)
     return out
@@ -249,7 +263,10 @@ def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
         report["calibration"][_tag(t)] = cal.to_json()
         report["planning"][_tag(t)] = stored["planning"]
         calib_units = [_load(p) for p in sorted((out / "units").glob(f"calib-{_tag(t)}--*.json"))]
-        resampled = calibration_resamples(calib_units, cal, depth=config.depth, seed=config.seed)
+        shallow_units = [_load(p) for p in sorted((out / "units").glob(f"calib1-{_tag(t)}--*.json"))]
+        resampled = calibration_resamples(
+            calib_units, cal, depth=config.depth, seed=config.seed, shallow_units=shallow_units
+        )
         rows = evaluate_rows(
             t, cal, decoders, units, depth=config.depth, seed=config.seed, resampled=resampled
         )
@@ -322,14 +339,20 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         "",
         SECTIONS[1],
         "",
-        "| T | events by depth | positional acceptance | rank matrix (depth 1) | γ* | plan (size, depth) "
-        "| SpecDec++ h | Kangaroo η |",
-        "|---|---|---|---|---:|---|---:|---:|",
+        "Depth-1 configurations (one draft level: `chain-opt` at γ* = 1, the multi-draft rows, depth-1 trees) "
+        "are predicted from the roots of one-draft calibration chains (*one-draft roots*), the others from the "
+        "chains of the full depth: a deep chain's roots come after rejections, where hard positions cluster.",
+        "",
+        "| T | events by depth | positional acceptance | one-draft roots (events) | rank matrix (depth 1) | γ* "
+        "| plan (size, depth) | SpecDec++ h | Kangaroo η |",
+        "|---|---|---|---|---|---:|---|---:|---:|",
     ]
     for tag, cal in report["calibration"].items():
         plan = report["planning"][tag]
+        shallow = cal.get("shallow") or {}
+        roots = f"{shallow['positional']:.3f} ({shallow['events']})" if shallow else "–"
         lines.append(
-            f"| {cal['temperature']:g} | {cal['events']} | {[round(a, 3) for a in cal['positional']]} "
+            f"| {cal['temperature']:g} | {cal['events']} | {[round(a, 3) for a in cal['positional']]} | {roots} "
             f"| {[round(a, 3) for a in cal['rank_matrix'][0]]} | {plan['gamma_star']} "
             f"| ({plan['plan']['size']}, {plan['plan']['depth']}) | {plan['thresholds']['specdecpp']:.3f} "
             f"| {plan['thresholds']['kangaroo']:.3f} |"

@@ -24,6 +24,7 @@ from experiments.apriori.calibrate import (
     event_record,
     measure_latency,
     read_latency,
+    shallow_profile,
     split_prompts,
     verification_events,
 )
@@ -290,6 +291,10 @@ def write_unit_log(result, path, *, temperature: float, top_k: int | None = None
     return write_generation_log([replace(result, steps=drafted)], path, top_k=top_k, temperature=temperature)
 
 
+#: Seed offset of the one-draft calibration chains (apart from every other phase's seeds).
+SHALLOW_PHASE_SEED = 50_000
+
+
 def calibration_paths(config: AprioriConfig, temperature: float) -> int:
     """Calibration chains per prompt at ``temperature``: ``config.calibration_paths`` sampled paths, one greedy."""
     return 1 if temperature == 0 else config.calibration_paths
@@ -399,14 +404,18 @@ def run_apriori(
         )
 
     # 1. Calibration chains on the calibration half: one unit per prompt holding all its paths, so that the
-    # bootstrap over calibration prompts resamples whole prompts.
-    calib_chain = DecoderConfig("calibration", "chain", gamma=config.depth)
-    jobs = [(t, i) for t in config.temperatures for i in calibration_half]
-    for t, index in bar(jobs, desc="calibrate"):
-        path = out / "units" / f"calib-{_tag(t)}--{index:03d}.json"
+    # bootstrap over calibration prompts resamples whole prompts. Chains of `depth` drafts, and chains of one
+    # draft for the roots of depth-1 configurations (Calibration.shallow).
+    chains = (
+        ("calib", DecoderConfig("calibration", "chain", gamma=config.depth), 0),
+        ("calib1", DecoderConfig("calibration-1", "chain", gamma=1), SHALLOW_PHASE_SEED),
+    )
+    jobs = [(t, i, chain) for t in config.temperatures for i in calibration_half for chain in chains]
+    for t, index, (prefix, chain, phase) in bar(jobs, desc="calibrate"):
+        path = out / "units" / f"{prefix}-{_tag(t)}--{index:03d}.json"
         if not path.exists():
             paths = [
-                generate(calib_chain, t, index, calibration_phase_seed(k), grid=config.multidraft)
+                generate(chain, t, index, phase + calibration_phase_seed(k), grid=config.multidraft)
                 for k in range(calibration_paths(config, t))
             ]
             _write_json(calibration_unit(index, paths), path)
@@ -517,6 +526,9 @@ def calibrate_from_units(
     cal = calibrate(
         calibration_records(units), latency, temperature=temperature, depth=config.depth, prompts=prompts
     )
+    shallow = _units(out, f"calib1-{_tag(temperature)}--*.json")
+    if shallow:
+        cal.shallow = shallow_profile(calibration_records(shallow), temperature)
     cal.overhead = overheads(out, temperature)
     return cal
 

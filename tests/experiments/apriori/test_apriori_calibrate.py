@@ -21,6 +21,7 @@ from experiments.apriori.calibrate import (
     confidence_buckets,
     event_record,
     read_latency,
+    shallow_profile,
     split_prompts,
     verification_events,
 )
@@ -320,3 +321,30 @@ def test_latency_profile_times_what_the_run_clocks_time_so_overhead_is_not_count
     assert latency.target_time == {1: forward, 2: forward, 3: forward}
     assert latency.draft_time == draft
     assert model.forward is slow_forward  # the profile's clock is gone, the model's forward is back
+
+
+def test_shallow_profile_averages_the_root_events_only():
+    records = [
+        {
+            "depth": 0,
+            "chain": 0.2,
+            "ranks": [0.2, 0.1, 0.0],
+            "grid": {"rrs-n2": 0.3},
+            "bound": {"rrs-n2": 0.4},
+        },
+        {
+            "depth": 0,
+            "chain": 0.6,
+            "ranks": [0.6, 0.3, 0.1],
+            "grid": {"rrs-n2": 0.7},
+            "bound": {"rrs-n2": 0.8},
+        },
+        {"depth": 1, "chain": 1.0, "ranks": [1.0, 0.0], "grid": {}, "bound": {}},
+    ]
+    shallow = shallow_profile(records, temperature=1.0)  # sampled trees: two children per node
+    assert shallow["positional"] == pytest.approx(0.4) and shallow["events"] == 2
+    assert shallow["rank_matrix"] == pytest.approx([0.4, 0.2])
+    assert shallow["multidraft"] == pytest.approx({"rrs-n2": 0.5})
+    assert shallow["bound"] == pytest.approx({"rrs-n2": 0.6})
+    with pytest.raises(ValueError, match="no verification event at the root"):
+        shallow_profile(records[2:], temperature=1.0)

@@ -215,7 +215,7 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
         assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
     finally:
         patch.setattr(run, "run_generation", real)
-    calls = [call for call in calls if call[2] != "calibration"]
+    calls = [call for call in calls if not call[2].startswith("calibration")]
     overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
     evaluation = [(seed - 1000, t) for seed, t, _ in calls if 1000 <= seed < 2000]
     turns = 2 * min(sum(t == 0.0 for t, _ in overhead), sum(t == 1.0 for t, _ in overhead))
@@ -260,3 +260,35 @@ def test_each_calibration_prompt_runs_several_sampled_paths_and_one_greedy_path(
         assert len(runs) == 2 * paths
         assert len({seed for _, _, seed, _ in runs}) == len(runs)  # no two paths draw the same samples
         assert sum(len(u["records"]) for u in units) == sum(events for *_, events in runs)
+
+
+def test_depth_one_configurations_are_predicted_from_the_one_draft_chains(tiny_run, tmp_path):
+    """Zeroing the one-draft calibration chains' acceptances moves the prediction of every configuration that
+    drafts one level and of no other (the deep chains' roots fall after rejections, docs/validate.md)."""
+    from experiments.apriori.calibrate import LatencyProfile
+    from experiments.apriori.predict import DecoderConfig, decoder_depth, predict
+    from experiments.apriori.run import calibrate_from_units
+
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    config = stored_config(out)
+    latency = LatencyProfile.from_json(json.loads((out / "latency.json").read_text()))
+    stored = json.loads((out / "predictions-T1.json").read_text())
+    decoders = [DecoderConfig.from_json(d["config"]) for d in stored["decoders"]]
+    prompts = json.loads((out / "calibration-T1.json").read_text())["prompts"]
+    before = calibrate_from_units(out, 1.0, config, latency, prompts)
+    assert before.shallow["events"] > 0 and 0.0 < before.shallow["positional"] <= 1.0
+    for path in (out / "units").glob("calib1-T1--*.json"):
+        unit = json.loads(path.read_text())
+        for record in unit["records"]:
+            record["chain"] = 0.0
+            record["ranks"] = [0.0 for _ in record["ranks"]]
+            record["grid"] = {k: 0.0 for k in record["grid"]}
+        path.write_text(json.dumps(unit))
+    after = calibrate_from_units(out, 1.0, config, latency, prompts)
+    depths = {d.label: decoder_depth(d) for d in decoders}
+    assert 1 in depths.values() and any(depth > 1 for depth in depths.values())
+    for decoder in decoders:
+        moved = predict(decoder, before).tau != predict(decoder, after).tau
+        assert moved == (depths[decoder.label] == 1), decoder.label
