@@ -142,8 +142,13 @@ def generate(
     as_count(n, "n")
     if verifier is not None:
         as_choice(verifier, "verifier", TREE_VERIFIERS)
-    if drafter is not None and drafter.partition(":")[0] not in DRAFTER_KINDS:
-        raise ValueError(f"unknown drafter {drafter!r}; use 'early-exit:K', 'ngram' or 'model:PATH'")
+    if drafter is not None and any(
+        part.partition(":")[0] not in DRAFTER_KINDS for part in drafter.split("+")
+    ):
+        raise ValueError(
+            f"unknown drafter {drafter!r}; use one of {', '.join(DRAFTER_KINDS)} (with its ':ARGUMENT' where "
+            "needed), or 'ngram[:N]+DRAFTER'"
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -24,6 +24,8 @@ One module per drafter kind:
   decoder keeps the target's hidden states of the committed tokens in ``DecodingState.hidden``.
 * :class:`FalconDrafter` -- Falcon's semi-autoregressive variant of that head (Gao et al., AAAI 2025,
   arXiv 2412.12639): two tree levels per head pass.
+* :class:`LookupFirstDrafter` -- prompt lookup where the context's suffix matches, another drafter elsewhere
+  (``ngram+feature``), chosen per step.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "FalconHead",
     "FeatureDrafter",
     "FeatureHead",
+    "LookupFirstDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
     "parse_drafter",
@@ -85,6 +88,7 @@ class Drafter(Protocol):
 from executor.drafters.early_exit import EarlyExitDrafter  # noqa: E402  (the protocol above comes first)
 from executor.drafters.falcon import FalconDrafter, FalconHead  # noqa: E402
 from executor.drafters.feature import FeatureDrafter, FeatureHead  # noqa: E402
+from executor.drafters.hybrid import LookupFirstDrafter  # noqa: E402
 from executor.drafters.ngram import PromptLookupDrafter  # noqa: E402
 from executor.drafters.parse import DRAFTER_KINDS, default_drafter, parse_drafter  # noqa: E402
 from executor.drafters.separate_model import ModelDrafter  # noqa: E402

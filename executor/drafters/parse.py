@@ -15,6 +15,13 @@ __all__ = [
     "trained_default_drafter",
 ]
 
+#: ``ngram+D``: the shortest suffix match trusted over ``D``, and the longest chain ``D`` drafts. Chosen on
+#: HumanEval/100-107 by ``experiments.bench_lookup_first`` (bfloat16, T = 0: 1.45-1.46x against 1.36-1.41x for
+#: a 1-token match, 1.28-1.34x for a 3-token one and 1.36x for prompt lookup alone; docs/benchmarks/bench.md),
+#: not on the prompts the benchmarks report.
+LOOKUP_MIN_NGRAM = 2
+LOOKUP_MODEL_TOKENS = 2
+
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
 DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "falcon", "exit", "kangaroo")
 
@@ -40,12 +47,16 @@ def parse_drafter(spec: str, target, *, load=None):
     :func:`executor.weights.load_model`, returning ``(model, tokenizer)``); ``"feature"`` ->
     :class:`FeatureDrafter` from the cached checkpoint for ``target`` (trained first, with a message, when there
     is none: :func:`feature_checkpoint`); ``"feature:PATH"`` -> the checkpoint directory ``PATH``;
-    ``"falcon"`` / ``"falcon:PATH"`` -> :class:`FalconDrafter` the same way.
+    ``"falcon"`` / ``"falcon:PATH"`` -> :class:`FalconDrafter` the same way; ``"ngram[:N]+D"`` -> a
+    :class:`LookupFirstDrafter`: prompt lookup where the context's suffix matches at least
+    :data:`LOOKUP_MIN_NGRAM` tokens, else up to :data:`LOOKUP_MODEL_TOKENS` drafts of ``D``.
     """
     if not isinstance(spec, str):
         raise ValueError(
             f"drafter must be a string such as 'early-exit:8', 'ngram' or 'model:PATH'; got {spec!r}"
         )
+    if "+" in spec:
+        return _lookup_first(spec, target, load)
     kind, _, argument = spec.partition(":")
     if kind == "early-exit":
         if not argument.isdigit():
@@ -80,6 +91,18 @@ def parse_drafter(spec: str, target, *, load=None):
         f"unknown drafter {spec!r}; use 'early-exit:K', 'ngram', 'model:PATH', 'feature[:PATH]', 'falcon[:PATH]', "
         "'exit:K[:PATH]' or 'kangaroo:K[:PATH]'"
     )
+
+
+def _lookup_first(spec: str, target, load):
+    from executor.drafters.hybrid import LookupFirstDrafter
+
+    first, _, rest = spec.partition("+")
+    if not first.startswith("ngram") or not rest:
+        raise ValueError(f"a combined drafter is 'ngram[:N]+DRAFTER' (e.g. 'ngram+feature'); got {spec!r}")
+    lookup = parse_drafter(first, target)
+    lookup.min_ngram = min(LOOKUP_MIN_NGRAM, lookup.max_ngram)
+    model = parse_drafter(rest, target, load=load)
+    return LookupFirstDrafter(lookup, model, model_tokens=LOOKUP_MODEL_TOKENS, name=spec)
 
 
 def _layer_drafter(spec: str, target):

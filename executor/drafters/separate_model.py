@@ -66,6 +66,8 @@ class ModelDrafter:
         return run_tree(self.model, tree, nodes, committed)
 
     def commit(self, state, tree, accepted_path) -> None:
+        if not self._fed:
+            return  # it drafted nothing this step (a composite drafter served it): its cache is unchanged
         committed = state.committed
         kept = 0
         for node in accepted_path:

@@ -130,6 +130,11 @@ def config_from_args(args):
         from executor.drafters import DRAFTER_KINDS
         from experiments.commands.generate import drafter_forms
 
+        if "+" in args.drafter:
+            raise ValueError(
+                f"--drafter: {args.drafter!r} combines prompt lookup with a model drafter step by step, and "
+                "validate has no a-priori model of that mix yet; run it with `specbound generate` or `bench`"
+            )
         if args.drafter.partition(":")[0] not in DRAFTER_KINDS:
             raise ValueError(f"--drafter: unknown drafter {args.drafter!r}; use {drafter_forms()}")
     if args.latency is not None:

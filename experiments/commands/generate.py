@@ -28,7 +28,8 @@ def drafter_forms() -> str:
     the order of its ``DRAFTER_KINDS`` (imports torch: call it only when the text is shown)."""
     from executor.drafters import DRAFTER_KINDS
 
-    return " | ".join(DRAFTER_FORMS.get(kind, kind) for kind in DRAFTER_KINDS)
+    forms = [DRAFTER_FORMS.get(kind, kind) for kind in DRAFTER_KINDS]
+    return " | ".join([*forms, "ngram[:N]+DRAFTER (prompt lookup where it matches, DRAFTER elsewhere)"])
 
 
 class DrafterArgument(argparse.Action):

@@ -131,3 +131,8 @@ def test_unknown_drafter_message_names_every_kind(capsys):
 
     assert main(["validate", "--drafter", "nonsense", "--out", "unused"]) == 2
     assert drafter_forms() in capsys.readouterr().err
+
+
+def test_validate_refuses_a_combined_drafter_it_cannot_predict(capsys):
+    assert main(["validate", "--drafter", "ngram+feature", "--out", "unused"]) == 2
+    assert "--drafter: 'ngram+feature' combines prompt lookup" in capsys.readouterr().err
