@@ -20,7 +20,9 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
 * ``ar`` -- our plain decoding, the baseline of every speedup; ``chain-ngram-gK`` -- our chain decoder with
   the prompt-lookup drafter, ``K`` tokens.
 * for every model drafter ``D`` (early exit at layer L, and the trained feature head when one is cached):
-  ``chain-D`` (``gamma`` drafts; Leviathan et al., ICML 2023), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
+  ``chain-D`` (``gamma`` drafts; Leviathan et al., ICML 2023), ``chain-ngram+D`` (prompt lookup's proposal,
+  up to the largest of ``lookups``, where the context's suffix matches 2 or more tokens, else ``D``'s
+  ``gamma`` drafts: :class:`executor.drafters.LookupFirstDrafter`), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
   ``2 gamma + 1`` nodes), ``multidraft-V-nN-D`` (``N`` i.i.d. drafts verified by ``V`` = ``rrs``, recursive
   rejection sampling, or ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025,
   arXiv 2502.18779; at temperature 0 both are the argmax rule, so one ``multidraft-argmax-nN-D`` row), and
@@ -298,7 +300,8 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
         Sampling,
         TreeDecoder,
     )
-    from executor.drafters import PromptLookupDrafter
+    from executor.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from executor.drafters.parse import LOOKUP_MIN_NGRAM
 
     sampling = Sampling(temperature=temperature)
     gamma = config.gamma
@@ -311,6 +314,10 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
         rows[f"chain-ngram-g{k}"] = ours(ChainDecoder, PromptLookupDrafter(), gamma=k)
     for label, drafter in drafters.items():
         rows[f"chain-{label}"] = ours(ChainDecoder, drafter, gamma=gamma)
+        lookup_first = LookupFirstDrafter(
+            PromptLookupDrafter(min_ngram=LOOKUP_MIN_NGRAM), drafter, model_tokens=gamma
+        )
+        rows[f"chain-ngram+{label}"] = ours(ChainDecoder, lookup_first, gamma=max(gamma, *config.lookups))
         rows[f"tree-{label}"] = ours(TreeDecoder, drafter, tree=DynamicTree(2 * gamma + 1, gamma, 2))
         for verifier in ("argmax",) if temperature == 0 else config.verifiers:
             for n in config.ns:

@@ -32,6 +32,7 @@ def test_every_row_is_built_and_greedy_rows_reproduce_plain_decoding():
         "ar",
         "chain-ngram-g3",
         "chain-early-exit",
+        "chain-ngram+early-exit",
         "tree-early-exit",
         "plan-tree-early-exit",
     ]
@@ -61,6 +62,7 @@ def test_rows_option_selects_rows_by_pattern():
         "ar",
         "chain-ngram-g2",
         "chain-early-exit",
+        "chain-ngram+early-exit",
     }
 
 
