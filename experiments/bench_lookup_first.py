@@ -3,7 +3,8 @@
 ``python -m experiments.bench_lookup_first [--first 100] [--prompts 8] [--temperature 0] [--out FILE.json]``
 runs, interleaved and in one process, plain decoding, prompt lookup alone (γ = 6), the drafter alone (γ = 1) and
 :class:`executor.drafters.LookupFirstDrafter` for ``min_ngram`` in 1, 2, 3 and ``model_tokens`` in 1, 2, 3
-(lookup up to 6 tokens), on HumanEval problems ``first .. first + prompts - 1``. The defaults of
+(lookup up to 6 tokens), on HumanEval problems ``first .. first + prompts - 1`` (``--prompt-set other``: the
+prompts of :data:`experiments.prompts.OTHER_PROMPTS` instead, to measure, never to tune). The defaults of
 :mod:`executor.drafters.parse` were chosen from this script's run on problems 100-107, so that the benchmarks
 that report them (problems 0-7 and the prompts of :data:`experiments.prompts.OTHER_PROMPTS`) were not tuned on.
 Prints tokens/s, the ratio to plain decoding and τ per configuration; each decoder's first prompt is run once
@@ -22,7 +23,7 @@ from executor.decoders import AutoregressiveDecoder, ChainDecoder, Sampling
 from executor.device import set_threads
 from executor.drafters import LookupFirstDrafter, PromptLookupDrafter, parse_drafter
 from executor.weights import load_model
-from experiments.prompts import humaneval_prompts
+from experiments.prompts import OTHER_PROMPTS, humaneval_prompts
 
 LOOKUP_TOKENS = 6
 
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drafter", default="feature", help="the model drafter D (default: feature)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prompt-set",
+        default="humaneval",
+        choices=["humaneval", "other"],
+        help="other: the first --prompts of 5",
+    )
     parser.add_argument("--out", default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
     if not 0 <= args.first or not 1 <= args.prompts or args.first + args.prompts > 164:
@@ -82,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     set_threads(args.threads)
     model, tokenizer = load_model(dtype=getattr(torch, args.dtype))
     texts = humaneval_prompts(args.first + args.prompts)[args.first :]
+    if args.prompt_set == "other":
+        texts = list(OTHER_PROMPTS[: args.prompts])
     prompts = [tokenizer.encode(text) for text in texts]
     built = decoders(model, parse_drafter(args.drafter, model), Sampling(temperature=args.temperature))
     table = measure(built, prompts, args.new_tokens)
