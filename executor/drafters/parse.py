@@ -12,6 +12,7 @@ __all__ = [
     "feature_checkpoint",
     "kind_checkpoint",
     "parse_drafter",
+    "is_lookup_first",
     "trained_default_drafter",
 ]
 
@@ -55,7 +56,7 @@ def parse_drafter(spec: str, target, *, load=None):
         raise ValueError(
             f"drafter must be a string such as 'early-exit:8', 'ngram' or 'model:PATH'; got {spec!r}"
         )
-    if "+" in spec:
+    if is_lookup_first(spec):
         return _lookup_first(spec, target, load)
     kind, _, argument = spec.partition(":")
     if kind == "early-exit":
@@ -93,11 +94,17 @@ def parse_drafter(spec: str, target, *, load=None):
     )
 
 
+def is_lookup_first(spec: str) -> bool:
+    """Whether ``spec`` names a :class:`LookupFirstDrafter` (``ngram[:N]+D``; a ``+`` elsewhere, e.g. in
+    ``model:PATH``, is part of a path)."""
+    return spec.startswith("ngram") and "+" in spec
+
+
 def _lookup_first(spec: str, target, load):
     from executor.drafters.hybrid import LookupFirstDrafter
 
     first, _, rest = spec.partition("+")
-    if not first.startswith("ngram") or not rest:
+    if not rest:
         raise ValueError(f"a combined drafter is 'ngram[:N]+DRAFTER' (e.g. 'ngram+feature'); got {spec!r}")
     lookup = parse_drafter(first, target)
     lookup.min_ngram = min(LOOKUP_MIN_NGRAM, lookup.max_ngram)

@@ -128,9 +128,10 @@ def config_from_args(args):
         settings["decoders"] = wanted
     if args.drafter is not None:
         from executor.drafters import DRAFTER_KINDS
+        from executor.drafters.parse import is_lookup_first
         from experiments.commands.generate import drafter_forms
 
-        if "+" in args.drafter:
+        if is_lookup_first(args.drafter):
             raise ValueError(
                 f"--drafter: {args.drafter!r} combines prompt lookup with a model drafter step by step, and "
                 "validate has no a-priori model of that mix yet; run it with `specbound generate` or `bench`"

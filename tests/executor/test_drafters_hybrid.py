@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, Sampling, TreeDecoder
 from executor.drafters import EarlyExitDrafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from executor.drafters import separate_model as separate_model_module
-from executor.drafters.parse import LOOKUP_MIN_NGRAM, LOOKUP_MODEL_TOKENS, parse_drafter
+from executor.drafters.parse import LOOKUP_MIN_NGRAM, LOOKUP_MODEL_TOKENS, is_lookup_first, parse_drafter
 from tests.executor.test_decoders import (
     P_THRESHOLD,
     PROMPT,
@@ -142,8 +142,9 @@ def test_parse_builds_lookup_first_and_refuses_bad_combinations(tiny_model):
     assert drafter.model_tokens == LOOKUP_MODEL_TOKENS
     assert isinstance(drafter.model, EarlyExitDrafter)
     assert not drafter.needs_target_hidden
+    assert is_lookup_first("ngram+feature") and not is_lookup_first("model:/weights/a+b.gguf")
     for spec, message in [
-        ("early-exit:1+ngram", "ngram\\[:N\\]\\+DRAFTER"),
+        ("early-exit:1+ngram", "integer exit layer"),  # a '+' outside 'ngram...+' is not a combination
         ("ngram+", "ngram\\[:N\\]\\+DRAFTER"),
         ("ngram+ngram", "model drafter"),
         ("ngram+nonsense", "unknown drafter"),
