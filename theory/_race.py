@@ -384,7 +384,8 @@ def newton_fit(
         for logit in (True, False):
             residual = _logit_residual(target, r, logit_bounds) if logit else target - r
             try:
-                step = np.linalg.solve(system, residual / root) / root
+                with np.errstate(over="ignore", invalid="ignore"):  # a tiny root overflows: checked below
+                    step = np.linalg.solve(system, residual / root) / root
             except np.linalg.LinAlgError:
                 step = np.linalg.lstsq(hessian, residual, rcond=None)[0]
             if not np.all(np.isfinite(step)):

@@ -73,11 +73,23 @@ def wor_prefix_inclusion_two(
         mass += dust[:, None]
     # 1 - q_i as the mass of the other tokens (sums of positive terms): 1 - q_i itself cancels when q_i ~ 1.
     others = mass[:, :-1] + suffix[:, 1:]
+    # Only a row's largest q can have a complement so small that q / (1 - q) overflows (every other token's
+    # complement holds the largest q): its term enters as q * (s / (1 - q)), and s <= 1 - q on the prefixes
+    # that hold it. Without this, q = (1, 1e-310, 1e-311) gave inf * 0 = NaN and an optimum of 1.
+    rows = np.arange(q_sorted.shape[0])
+    top = np.argmax(q_sorted, axis=-1)
+    top_q, top_others = q_sorted[rows, top], others[rows, top]
+    elsewhere = q_sorted > 0
+    elsewhere[rows, top] = False
+    terms = np.divide(q_sorted, others, out=np.zeros_like(q_sorted), where=elsewhere)
     odds = np.zeros_like(mass)
-    np.cumsum(q_sorted / others, axis=-1, out=odds[:, 1:])
+    np.cumsum(terms, axis=-1, out=odds[:, 1:])
     if dust is not None:
         odds += dust[:, None]
     inclusion = mass - suffix * odds
+    holds_top = (np.arange(mass.shape[1])[None, :] > top[:, None]) & (top_others[:, None] > 0)
+    share = np.divide(suffix, top_others[:, None], out=np.zeros_like(suffix), where=holds_top)
+    inclusion -= top_q[:, None] * share
     return np.clip(inclusion, 0.0, mass * mass)
 
 

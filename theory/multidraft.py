@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory._wor import wor_prefix_inclusion_two, wor_prefix_minimiser
+from theory._wor import SMALLEST_COMPLEMENT, wor_prefix_inclusion_two, wor_prefix_minimiser
 from theory.checks import as_choice, as_count, as_distribution, as_distribution_pair
 from theory.draft_laws import DRAFT_LAWS, enumerate_drafts, top_tokens
 from theory.verifier_table import check_draft_count
@@ -340,10 +340,16 @@ def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     that hold NaNs. The order among ``q = 0`` tokens does not matter (they add to ``p(H)`` and not to
     ``Q(H)``), nor does the order within exact ties (the gap is concave along a tie).
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(
+        divide="ignore", invalid="ignore", over="ignore"
+    ):  # p/q of a subnormal q overflows to inf
         ratio = np.divide(p, q)
     np.fmin(ratio, np.inf, out=ratio)  # NaN (0/0) -> inf
     return np.argsort(ratio, axis=-1)
+
+
+#: Bounds on :math:`Q_n(H)` that differ by at most this are taken as its value where the quadrature cannot go.
+BOUNDS_AGREE = 1e-13
 
 
 def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int, dust=None) -> np.ndarray:
@@ -378,7 +384,23 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int, dust=N
             lower *= np.where(room > 0, 1.0 - suffix / (suffix + room), 0.0)
     best_upper = (target_mass - lower).min(axis=-1, keepdims=True)
     candidates = target_mass - upper <= best_upper + 1e-10  # slack for round-off in the bounds
-    return wor_prefix_minimiser(target_mass, q_sorted, suffix, n, candidates, upper, dust)
+    # The quadrature's grid cannot reach 1/s for a complement below SMALLEST_COMPLEMENT (it would lose up to
+    # all of Q there): such prefixes take the bounds when they agree, and are refused when they do not.
+    beyond = candidates & (suffix > 0) & (suffix < SMALLEST_COMPLEMENT)
+    if dust is None:
+        beyond[:, :n] = False  # fewer than n tokens: Q is 0, filled by the minimiser
+    loose = beyond & (upper - lower > BOUNDS_AGREE)
+    if loose.any():
+        row, prefix = np.argwhere(loose)[0]
+        raise ValueError(
+            f"draft='wor' with n = {n}: after the {prefix} tokens of lowest p/q in row {row} the draft mass "
+            f"left is {suffix[row, prefix]:.3g}, below the {SMALLEST_COMPLEMENT:g} the quadrature resolves, "
+            f"and the bounds on its inclusion disagree ([{lower[row, prefix]:.6g}, {upper[row, prefix]:.6g}]); "
+            "q is too peaked in float64 for draft='wor' at this n (n = 2 is exact at any mass)"
+        )
+    inclusion = wor_prefix_minimiser(target_mass, q_sorted, suffix, n, candidates & ~beyond, upper, dust)
+    inclusion[beyond] = upper[beyond]
+    return inclusion
 
 
 def _top_tokens_batched(q: np.ndarray, count: int) -> np.ndarray:

@@ -135,7 +135,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int) -> _Tables:
         return _Tables(q.copy(), np.where(positive, 0, -1), np.where(positive, 0.0, -np.inf), alpha, alpha, 0)
     support = np.flatnonzero(q > 0)
     ps, qs = p[support], q[support]
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # p/q of a subnormal q: inf, ordered last
         order = np.argsort(ps / qs, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.shape[0])

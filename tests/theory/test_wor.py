@@ -457,3 +457,49 @@ def test_branch_and_bound_with_dust_finds_the_minimum_over_every_prefix(seed):
     full = wor_prefix_inclusion(q_sorted[None], suffix[None], n, dust=np.array([dust]))[0]
     assert np.nanmin(target - searched) == pytest.approx(np.min(target - full), abs=1e-13)
     assert not np.isnan(searched[0])  # prefixes below n tokens are evaluated when there is dust
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Subnormal draft masses: one token holds all but ~1e-310 of q
+
+
+PEAKED_Q = [
+    [1.0, 1e-310, 0.0],
+    [1.0, 1e-310, 1e-311],
+    [0.6, 0.4 - 1e-310, 1e-310],
+    [1.0, 5e-324, 0.0],
+    [0.5, 0.3, 0.2 - 2e-305, 2e-305, 0.0],
+]
+
+
+@pytest.mark.parametrize("q", PEAKED_Q)
+def test_exact_two_draw_inclusion_stays_finite_when_the_largest_token_leaves_a_subnormal_rest(q):
+    # 1 - q_i of the largest token is subnormal: q_i / (1 - q_i) overflows, and before the fix inf * 0 = NaN.
+    q = np.array(q)
+    with np.errstate(over="raise", invalid="raise"):
+        values = wor_prefix_inclusion_two(q[None], suffix_sums(q)[None])[0]
+    np.testing.assert_allclose(values, exact_prefix_inclusion(q, 2), atol=1e-15)
+
+
+@pytest.mark.parametrize("q", PEAKED_Q)
+@pytest.mark.parametrize("n", [2, 3])
+def test_optimal_acceptance_without_replacement_equals_brute_force_on_subnormal_masses(q, n):
+    q = np.array(q)
+    if np.count_nonzero(q) < n:
+        return
+    p = np.array([0.4, 0.3, 0.2, 0.1, 0.0])[: q.size]
+    p /= p.sum()
+    with np.errstate(over="raise", invalid="raise"):  # no overflow or invalid value on the way
+        value = optimal_acceptance(p, q, n, draft="wor")
+    assert abs(value - brute_force(p, law_of(q, n, "wor"))[0]) <= 1e-12
+
+
+def test_without_replacement_refuses_what_its_quadrature_cannot_resolve_instead_of_guessing():
+    # After the dominant token only ~1e-301 of mass is left, spread so that the third draw still matters: the
+    # quadrature's grid cannot reach it and the bounds disagree. It used to return 1.0 (the optimum is 0.992).
+    q = np.array([1.0, 1e-300, 1e-301, 1e-302])
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    assert abs(brute_force(p, law_of(q, 3, "wor"))[0] - 0.9918010719990915) < 1e-12
+    with pytest.raises(ValueError, match="draft='wor' with n = 3: .* below the 1e-300"):
+        optimal_acceptance(p, q, 3, draft="wor")
+    assert abs(optimal_acceptance(p, q, 2, draft="wor") - brute_force(p, law_of(q, 2, "wor"))[0]) <= 1e-12
