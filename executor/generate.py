@@ -9,11 +9,10 @@ from executor.decoders import (
     AutoregressiveDecoder,
     ChainDecoder,
     Decoder,
-    DynamicTree,
     MultiDraftDecoder,
     Sampling,
     TreeDecoder,
-    falcon_tree,
+    default_tree,
 )
 from executor.device import resolve_dtype
 from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
@@ -56,9 +55,7 @@ def build_decoder(
         return ChainDecoder(target, draft, gamma=gamma, **common)
     if decoder == "multidraft":
         return MultiDraftDecoder(target, draft, n=n, verifier=verifier or "rrs", **common)
-    if tree is None and getattr(draft, "kind", None) == "falcon":  # Falcon's pass-by-pass tree
-        tree = falcon_tree(passes=(gamma + 1) // 2, width=n)
-    shape = DynamicTree(budget=gamma * n + 1, max_depth=gamma, branching=n) if tree is None else tree
+    shape = default_tree(draft, gamma, n) if tree is None else tree
     return TreeDecoder(target, draft, tree=shape, verifier=verifier or "rrs_wor", **common)
 
 

@@ -23,7 +23,8 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   ``chain-D`` (``gamma`` drafts; Leviathan et al., ICML 2023), ``chain-ngram+D`` (prompt lookup's proposal,
   up to the largest of ``lookups``, where the context's suffix matches 2 or more tokens, else ``D``'s
   ``gamma`` drafts: :class:`executor.drafters.LookupFirstDrafter`), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
-  ``2 gamma + 1`` nodes), ``multidraft-V-nN-D`` (``N`` i.i.d. drafts verified by ``V`` = ``rrs``, recursive
+  ``2 gamma + 1`` nodes, or Falcon's pass-by-pass tree for a ``falcon`` drafter, as
+  :func:`executor.decoders.default_tree` chooses), ``multidraft-V-nN-D`` (``N`` i.i.d. drafts verified by ``V`` = ``rrs``, recursive
   rejection sampling, or ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025,
   arXiv 2502.18779; at temperature 0 both are the argmax rule, so one ``multidraft-argmax-nN-D`` row), and
   ``plan-tree-D``: the static tree :func:`theory.plan_tree` (Sequoia, Chen et al., NeurIPS 2024,
@@ -295,10 +296,10 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
     from executor.decoders import (
         AutoregressiveDecoder,
         ChainDecoder,
-        DynamicTree,
         MultiDraftDecoder,
         Sampling,
         TreeDecoder,
+        default_tree,
     )
     from executor.drafters import LookupFirstDrafter, PromptLookupDrafter
     from executor.drafters.parse import LOOKUP_MIN_NGRAM
@@ -318,7 +319,7 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
             PromptLookupDrafter(min_ngram=LOOKUP_MIN_NGRAM), drafter, model_tokens=gamma
         )
         rows[f"chain-ngram+{label}"] = ours(ChainDecoder, lookup_first, gamma=max(gamma, *config.lookups))
-        rows[f"tree-{label}"] = ours(TreeDecoder, drafter, tree=DynamicTree(2 * gamma + 1, gamma, 2))
+        rows[f"tree-{label}"] = ours(TreeDecoder, drafter, tree=default_tree(drafter, gamma, 2))
         for verifier in ("argmax",) if temperature == 0 else config.verifiers:
             for n in config.ns:
                 rows[f"multidraft-{verifier}-n{n}-{label}"] = ours(

@@ -5,7 +5,7 @@ from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, 
 from executor.decoders.chain import ChainDecoder, ConfidenceStop
 from executor.decoders.falcon_tree import falcon_tree
 from executor.decoders.multidraft import MultiDraftDecoder
-from executor.decoders.tree import TREE_VERIFIERS, DynamicTree, TreeDecoder
+from executor.decoders.tree import TREE_VERIFIERS, DynamicTree, TreeDecoder, default_tree
 
 __all__ = [
     "AutoregressiveDecoder",
@@ -19,6 +19,7 @@ __all__ = [
     "Sampling",
     "TREE_VERIFIERS",
     "TreeDecoder",
+    "default_tree",
     "falcon_tree",
     "run_tree",
 ]

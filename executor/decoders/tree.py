@@ -31,7 +31,7 @@ from executor.sampling import sample_drafts, top_tokens
 from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft, verify_tree_argmax
 from theory.checks import as_choice, as_count
 
-__all__ = ["DynamicTree", "TreeDecoder", "TREE_VERIFIERS", "check_parents"]
+__all__ = ["DynamicTree", "TreeDecoder", "TREE_VERIFIERS", "check_parents", "default_tree"]
 
 #: Verifiers a tree (or multi-draft) decoder can use at temperature > 0; temperature 0 always uses argmax.
 TREE_VERIFIERS = tuple(name for name in VERIFIER_DRAFT_LAW if name != "argmax")
@@ -235,3 +235,15 @@ class TreeDecoder(Decoder):
             node = children[int(index)]
             path.append(node)
         return StepOutcome(path, self.sampling.draw(target_probs[node], generator))
+
+
+def default_tree(drafter, gamma: int, width: int):
+    """The tree a tree decoder drafts when none is named: Falcon's pass-by-pass tree for a Falcon drafter
+    (:func:`executor.decoders.falcon_tree`, ``ceil(gamma / 2)`` passes of ``width``), else a DySpec/EAGLE-2
+    dynamic tree of ``gamma * width + 1`` nodes, ``gamma`` levels and ``width`` children per node."""
+    from executor.decoders.falcon_tree import falcon_tree
+
+    gamma, width = as_count(gamma, "gamma"), as_count(width, "width")
+    if getattr(drafter, "kind", None) == "falcon":
+        return falcon_tree(passes=(gamma + 1) // 2, width=width)
+    return DynamicTree(budget=gamma * width + 1, max_depth=gamma, branching=width)

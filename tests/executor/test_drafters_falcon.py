@@ -16,10 +16,11 @@ from executor.decoders import (
     MultiDraftDecoder,
     Sampling,
     TreeDecoder,
+    default_tree,
     falcon_tree,
 )
 from executor.decoders import tree as tree_module
-from executor.drafters import FalconDrafter, FalconHead, parse_drafter
+from executor.drafters import EarlyExitDrafter, FalconDrafter, FalconHead, parse_drafter
 from executor.generate import build_decoder
 from executor.training.falcon import _forward, coupled_inputs
 from tests.executor.test_decoders import (
@@ -239,3 +240,10 @@ def test_falcon_names_and_the_tree_decoder_default(tiny_model, tmp_path, monkeyp
     assert decoder.shape == falcon_tree(2, 2)
     with pytest.raises(ValueError, match="is not a directory"):
         parse_drafter("falcon:/nonexistent/checkpoint", target)
+
+
+def test_default_tree_is_falcons_pass_by_pass_tree_for_a_falcon_drafter_only(tiny_model):
+    target = tiny_model(5, vocab_size=16, max_seq_len=64)
+    assert default_tree(drafter_for(target), 3, 2) == falcon_tree(passes=2, width=2)
+    assert default_tree(drafter_for(target), 4, 3) == falcon_tree(passes=2, width=3)
+    assert default_tree(EarlyExitDrafter(target, 1), 3, 2) == DynamicTree(budget=7, max_depth=3, branching=2)
