@@ -23,7 +23,7 @@ from executor.decoders import AutoregressiveDecoder, ChainDecoder, Sampling
 from executor.device import set_threads
 from executor.drafters import LookupFirstDrafter, PromptLookupDrafter, parse_drafter
 from executor.weights import load_model
-from experiments.prompts import OTHER_PROMPTS, humaneval_prompts
+from experiments.prompts import humaneval_prompts, prompt_set
 
 LOOKUP_TOKENS = 6
 
@@ -84,13 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
-    if not 0 <= args.first or not 1 <= args.prompts or args.first + args.prompts > 164:
-        parser.error("--first and --prompts must select problems within HumanEval's 164")
+    if args.prompt_set == "other":
+        try:
+            texts = prompt_set("other", args.prompts)
+        except ValueError as error:
+            parser.error(f"--prompts: {error}")
+    else:
+        if not 0 <= args.first or not 1 <= args.prompts or args.first + args.prompts > 164:
+            parser.error("--first and --prompts must select problems within HumanEval's 164")
+        texts = humaneval_prompts(args.first + args.prompts)[args.first :]
     set_threads(args.threads)
     model, tokenizer = load_model(dtype=getattr(torch, args.dtype))
-    texts = humaneval_prompts(args.first + args.prompts)[args.first :]
-    if args.prompt_set == "other":
-        texts = list(OTHER_PROMPTS[: args.prompts])
     prompts = [tokenizer.encode(text) for text in texts]
     built = decoders(model, parse_drafter(args.drafter, model), Sampling(temperature=args.temperature))
     table = measure(built, prompts, args.new_tokens)
