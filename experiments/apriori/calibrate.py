@@ -436,15 +436,21 @@ def shallow_profile(records: list[dict], temperature: float) -> dict:
     roots = [r for r in records if r["depth"] == 0]
     if not roots:
         raise ValueError("records: the one-draft calibration chains have no verification event at the root")
-    width = tree_width(temperature)
-    keys = sorted(roots[0].get("grid", {}))
+    multidraft, bound = _root_grids(roots)
     return {
         "positional": float(np.mean([r["chain"] for r in roots])),
-        "rank_matrix": np.mean([r["ranks"][:width] for r in roots], axis=0).tolist(),
-        "multidraft": {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys},
-        "bound": {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys},
+        "rank_matrix": np.mean([r["ranks"][: tree_width(temperature)] for r in roots], axis=0).tolist(),
+        "multidraft": multidraft,
+        "bound": bound,
         "events": len(roots),
     }
+
+
+def _root_grids(roots: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean multi-draft acceptance and bound per grid key (verifier, n) over root event records."""
+    keys = sorted(roots[0].get("grid", {}))
+    multidraft = {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys}
+    return multidraft, {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys}
 
 
 def _per_depth(values: list[list], depth: int, fallback) -> tuple[np.ndarray, list[int]]:
@@ -540,10 +546,7 @@ def calibrate(
             by_depth_ranks[r["depth"]].append(r["ranks"][:width])
     positional, counts = _per_depth(by_depth_chain, depth, 0.0)
     ranks, _ = _per_depth(by_depth_ranks, depth, np.zeros(width))
-    roots = [r for r in records if r["depth"] == 0]
-    keys = sorted(roots[0].get("grid", {}))
-    multidraft = {k: float(np.mean([r["grid"][k] for r in roots])) for k in keys}
-    bound = {k: float(np.mean([r["bound"][k] for r in roots])) for k in keys}
+    multidraft, bound = _root_grids([r for r in records if r["depth"] == 0])
     confidence = [r["confidence"] for r in records]
     buckets = confidence_buckets(confidence, [r["chain"] for r in records], n_buckets, edges)
     return Calibration(

@@ -214,15 +214,15 @@ def calibration_resamples(
     for _ in range(resamples):
         drawn = rng.integers(0, len(units), size=len(units))
         records = [r for i in drawn for r in units[i]["records"]]
-        if not any(r["depth"] == 0 for r in records):
+        shallow = [r for i in drawn for r in shallow_units[i]["records"]] if shallow_units else []
+        if not any(r["depth"] == 0 for r in records) or (
+            shallow_units and not any(r["depth"] == 0 for r in shallow)
+        ):
             continue
         again = calibrate(
             records, cal.latency, temperature=cal.temperature, depth=depth, edges=cal.buckets["edges"]
         )
         if shallow_units:
-            shallow = [r for i in drawn for r in shallow_units[i]["records"]]
-            if not any(r["depth"] == 0 for r in shallow):
-                continue
             again.shallow = shallow_profile(shallow, cal.temperature)
         again.overhead = dict(cal.overhead)
         out.append(again)
