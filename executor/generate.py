@@ -16,7 +16,7 @@ from executor.decoders import (
 )
 from executor.device import resolve_dtype
 from executor.drafters import DRAFTER_KINDS, default_drafter, parse_drafter
-from executor.drafters.parse import is_lookup_first
+from executor.drafters.parse import drafter_parts
 from executor.logs import GenerationResult
 from executor.quantize import resolve_quantize
 from theory.checks import as_choice, as_count
@@ -140,8 +140,9 @@ def generate(
     as_count(n, "n")
     if verifier is not None:
         as_choice(verifier, "verifier", TREE_VERIFIERS)
-    parts = drafter.split("+", 1) if drafter is not None and is_lookup_first(drafter) else [drafter]
-    if drafter is not None and any(part.partition(":")[0] not in DRAFTER_KINDS for part in parts):
+    if drafter is not None and any(
+        part.partition(":")[0] not in DRAFTER_KINDS for part in drafter_parts(drafter)
+    ):
         raise ValueError(
             f"unknown drafter {drafter!r}; use one of {', '.join(DRAFTER_KINDS)} (with its ':ARGUMENT' where "
             "needed), or 'ngram[:N]+DRAFTER'"

@@ -9,6 +9,7 @@ from executor.drafters.separate_model import ModelDrafter
 __all__ = [
     "DRAFTER_KINDS",
     "default_drafter",
+    "drafter_parts",
     "feature_checkpoint",
     "kind_checkpoint",
     "parse_drafter",
@@ -100,10 +101,18 @@ def is_lookup_first(spec: str) -> bool:
     return spec.startswith("ngram") and "+" in spec
 
 
+def drafter_parts(spec: str) -> list[str]:
+    """The drafter specs ``spec`` is made of: ``[ngram[:N], D]`` for ``ngram[:N]+D``, else ``[spec]``."""
+    if is_lookup_first(spec):
+        first, _, rest = spec.partition("+")
+        return [first, rest]
+    return [spec]
+
+
 def _lookup_first(spec: str, target, load):
     from executor.drafters.hybrid import LookupFirstDrafter
 
-    first, _, rest = spec.partition("+")
+    first, rest = drafter_parts(spec)
     if not rest:
         raise ValueError(f"a combined drafter is 'ngram[:N]+DRAFTER' (e.g. 'ngram+feature'); got {spec!r}")
     lookup = parse_drafter(first, target)

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, DynamicTree, Sampling, TreeDecoder
 from executor.drafters import EarlyExitDrafter, LookupFirstDrafter, ModelDrafter, PromptLookupDrafter
 from executor.drafters import separate_model as separate_model_module
-from executor.drafters.parse import LOOKUP_MIN_NGRAM, LOOKUP_MODEL_TOKENS, is_lookup_first, parse_drafter
+from executor.drafters.parse import (
+    LOOKUP_MIN_NGRAM,
+    LOOKUP_MODEL_TOKENS,
+    drafter_parts,
+    is_lookup_first,
+    parse_drafter,
+)
+from executor.generate import generate
 from tests.executor.test_decoders import (
     P_THRESHOLD,
     PROMPT,
@@ -143,6 +150,14 @@ def test_parse_builds_lookup_first_and_refuses_bad_combinations(tiny_model):
     assert isinstance(drafter.model, EarlyExitDrafter)
     assert not drafter.needs_target_hidden
     assert is_lookup_first("ngram+feature") and not is_lookup_first("model:/weights/a+b.gguf")
+    assert drafter_parts("ngram:4+feature") == ["ngram:4", "feature"]
+    assert drafter_parts("model:/weights/a+b.gguf") == ["model:/weights/a+b.gguf"]
+    # generate() checks the drafter before any model loads: a combination passes on to the next check, a bad
+    # part does not.
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate("def f():", decoder="chain", drafter="ngram+early-exit:3", max_new_tokens=-1)
+    with pytest.raises(ValueError, match="unknown drafter 'ngram\\+nonsense'"):
+        generate("def f():", decoder="chain", drafter="ngram+nonsense", max_new_tokens=-1)
     for spec, message in [
         ("early-exit:1+ngram", "integer exit layer"),  # a '+' outside 'ngram...+' is not a combination
         ("ngram+", "ngram\\[:N\\]\\+DRAFTER"),
