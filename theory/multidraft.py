@@ -340,9 +340,8 @@ def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     that hold NaNs. The order among ``q = 0`` tokens does not matter (they add to ``p(H)`` and not to
     ``Q(H)``), nor does the order within exact ties (the gap is concave along a tie).
     """
-    with np.errstate(
-        divide="ignore", invalid="ignore", over="ignore"
-    ):  # p/q of a subnormal q overflows to inf
+    # p/q of a subnormal q overflows to inf, which is where such a token belongs.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.divide(p, q)
     np.fmin(ratio, np.inf, out=ratio)  # NaN (0/0) -> inf
     return np.argsort(ratio, axis=-1)
