@@ -288,7 +288,9 @@ def _into_singleton_bounds(target, low, high, p, above: bool) -> np.ndarray:
         total = float(room.sum())
         if total >= abs(excess):
             return clipped + np.sign(excess) * room * (abs(excess) / total)
-    return clipped  # no room (not met): the sum is restored by the caller's normalisation
+    # Room short of the excess (by round-off when the bounds are tight): all of it, the rest is restored by the
+    # caller's normalisation. Returning ``clipped`` here lost 0.25 of mass when the room fell 6e-17 short.
+    return clipped + np.sign(excess) * room
 
 
 def _race(member: np.ndarray, weight: np.ndarray, log_weights: np.ndarray, hessian: bool = False):
