@@ -159,7 +159,8 @@ def _groupable(bucket_p, bucket_q, edge, width, n: int, tight: float) -> np.ndar
 def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float, absent=None) -> Items:
     """Items for a support with masses ``ps``, ``qs`` (``qs > 0``): see the module docstring.
 
-    ``absent``: indices of tokens with ``q = 0``, for a whole row passed as it is (no copy of its support):
+    ``absent``: indices of tokens left out (``q = 0`` or negligible), for a whole row passed as it is (no copy of
+    its support):
     they join no item and get the item index one past the last; every item is the same as for the support.
 
     Two levels: coarse buckets (:data:`COARSE_BITS`), then the coarse buckets that cannot be grouped are
@@ -176,7 +177,8 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     fine_buffer, coarse_buffer = scratch(ps.shape[0])  # no fresh vocabulary-sized temporaries
     missing = absent is not None and absent.shape[0] > 0
     if missing:
-        with np.errstate(divide="ignore", invalid="ignore"):  # p/0 = inf, 0/0 = nan: rekeyed below
+        # p/0 = inf, 0/0 = nan, p/1e-310 overflows: absent tokens are rekeyed below.
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
     else:
         fine = np.divide(ps, qs, out=fine_buffer).view(np.int64)
@@ -186,16 +188,16 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     # Coarse keys relative to the smallest present one: the bucket arrays span the row's ratio range (a few
     # thousand keys) instead of all 2**14 keys, and stay below malloc's mmap threshold (each fresh 128 kB
     # bucket array cost ~32 page faults, ~0.3 ms per build over five of them).
-    base = int(coarse.min())  # absent tokens (p/0 = inf, 0/0 = nan) have the largest keys
+    base = int(coarse.min())  # absent tokens (p/0 = inf, 0/0 = nan) have the largest keys, p = 0 ones key 0
     if missing:
         coarse[absent] = base
     top = int(coarse.max()) - base
-    heavy_key, absent_key = top + 1, top + 2  # above every present key: heavy tokens, then q = 0 tokens
+    heavy_key, absent_key = top + 1, top + 2  # above every present key: heavy tokens, then absent ones
     np.subtract(coarse, base, out=coarse)
     heavy = np.flatnonzero((ps >= group_below) | (qs >= group_below))
     if missing:
-        heavy = heavy[qs[heavy] > 0]
         coarse[absent] = absent_key  # the last key: its bucket is dropped from every test and item
+        heavy = heavy[coarse[heavy] != absent_key]
     heavy_fine = fine[heavy]
     heavy_coarse = (heavy_fine >> (FINE_BITS - COARSE_BITS)) - base
     coarse[heavy] = heavy_key

@@ -33,6 +33,13 @@ Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks
 :data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the
 other entries, never ``1 - x``, and ``c`` comes from the piecewise-linear fill, not a bisection (which loses
 all resolution at :math:`\max p/q \sim 10^{20}`).
+
+Tokens with :math:`0 < q <` :data:`NEGLIGIBLE_Q` (for ``n >= 2``) join the tokens with ``q = 0`` in the lowest
+class, with weight 1: a draft of one loses to every other draft, and a tuple of them only picks uniformly. Their
+exact marginal :math:`q_y Q^{n-1}` (``Q`` their total mass) is 0 in float64, the other tokens' marginals move by
+a relative :math:`O(nQ)`, far below round-off, and the acceptance given up is at most :math:`nQ`. Left in the
+race, their ratios :math:`p/q` overflow and the fit, with masses 1e300 times apart, stopped short (0.014 of
+acceptance on a token with q = 5e-324).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ __all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_tables", "optim
 BINS, RETRY_BINS = 96, 384
 #: A build whose shortfall exceeds this is rebuilt once with ``RETRY_BINS``.
 RETRY_SHORTFALL = 1e-9
+#: Drafts with ``0 < q`` below this are demoted below every other draft (module docstring).
+NEGLIGIBLE_Q = 1e-300
 #: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
 GROUP_BELOW = OWN_UNIT_MASS
 
@@ -146,7 +155,7 @@ class OptimalVerifier:
     @cached_property
     def accept_probability(self) -> np.ndarray:
         r = self.marginal
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # p / subnormal r = inf: 1
             return np.where(r > 0, np.minimum(1.0, self.p / np.where(r > 0, r, 1.0)), 1.0)
 
     @cached_property
@@ -341,24 +350,22 @@ def _scalar(value: np.ndarray):
 
 def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tables:
     vocab = p.shape[-1]
-    positive = q > 0
-    full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
     if n == 1:
-        class_id = np.where(positive, 0, -1)
-        log_weight = np.where(positive, 0.0, -np.inf)
+        class_id = np.where(q > 0, 0, -1)
+        log_weight = np.where(q > 0, 0.0, -np.inf)
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
+    positive = q >= NEGLIGIBLE_Q
+    full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
     built = None
-    if group_below > 0:  # the whole row, tokens with q = 0 left out by bucketed (no copy of the support)
+    if group_below > 0:  # the whole row, tokens with q = 0 or negligible left out by bucketed (no copy)
         absent = None if full else np.flatnonzero(~positive)
         built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n)
         if built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
             built = None
-        elif not full:  # tokens with q = 0 already point at one extra item (class -1, weight 0)
+        elif not full:  # the tokens left out already point at one extra item
             r, classes, logs, item, accepted, alpha, minimiser = built
-            return _Tables(
-                r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item
-            )
+            return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
     support = None if full else np.flatnonzero(positive)
     if built is None:
         ps, qs = (p, q) if full else (p[support], q[support])
@@ -366,11 +373,11 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:
         return _Tables(r_support, classes, logs, accepted, alpha, minimiser, item_support)
-    # Tokens with q = 0 share one extra item (class -1, weight 0).
+    # Tokens with q = 0 or negligible share one extra item: class -1, log-weight 0, r = 0 (module docstring).
     r = np.zeros(vocab)
     item = np.full(vocab, classes.shape[0], dtype=np.int64)
     r[support], item[support] = r_support, item_support
-    return _Tables(r, np.append(classes, -1), np.append(logs, -np.inf), accepted, alpha, minimiser, item)
+    return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
 
 
 def _build_items(items: _buckets.Items, n: int):

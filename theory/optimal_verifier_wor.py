@@ -45,7 +45,7 @@ from scipy.optimize import linprog
 from theory._race import newton_fit
 from theory.checks import as_count, as_distribution_pair
 from theory.draft_laws import check_draft_law
-from theory.optimal_verifier import TIGHT, OptimalVerifier, _Tables
+from theory.optimal_verifier import NEGLIGIBLE_Q, TIGHT, OptimalVerifier, _Tables
 
 __all__ = ["optimal_verifier_wor"]
 
@@ -83,6 +83,7 @@ def optimal_verifier_wor(p, q, n: int) -> OptimalVerifierWor:
     Exactly lossless (the single-draft step runs against the exact selection marginal), with acceptance
     :math:`\sum \min(p, r)` equal to :math:`\alpha^*_{wor}` up to the reported ``shortfall`` (module
     docstring). ``p``, ``q``: ``(..., V)``, built row by row; ``n``: at most the size of ``q``'s support.
+    Rows with some ``0 < q <`` :data:`theory.optimal_verifier.NEGLIGIBLE_Q` are refused (ValueError).
 
     Examples
     --------
@@ -99,6 +100,13 @@ def optimal_verifier_wor(p, q, n: int) -> OptimalVerifierWor:
     tables = []
     for row_p, row_q in zip(flat_p, flat_q, strict=True):
         check_draft_law(row_q, n, "wor")
+        negligible = row_q[(row_q > 0) & (row_q < NEGLIGIBLE_Q)]
+        if negligible.size:
+            raise ValueError(
+                f"q has {negligible.size} token(s) with 0 < q < {NEGLIGIBLE_Q:g} (smallest {negligible.min():.3g}), "
+                "whose draft-set probabilities underflow in the enumerated construction: set them to 0, or use "
+                "optimal_verifier (i.i.d. drafts), which demotes them exactly"
+            )
         tables.append(_build_row(row_p, row_q, n))
     return OptimalVerifierWor(p, q, n, tables, batch_shape)
 

@@ -36,8 +36,8 @@ def _normalised(weights) -> np.ndarray:
 @st.composite
 def degenerate_pairs(draw):
     """The families that break verifiers (issue #9): one-hot p or q, disjoint supports, q ~ 1e-18, p = q,
-    peaked q (q_max = 1 - 2.5e-7, max p/q ~ 1e20), alpha* = 1 with a tight set, ties, and n above the
-    draft's support."""
+    peaked q (q_max = 1 - 2.5e-7, max p/q ~ 1e20), alpha* = 1 with a tight set, ties, n above the draft's
+    support, and q at the bottom of float64 (1e-300 to the subnormal 5e-324, where p/q overflows)."""
     vocab = draw(st.integers(2, 7))
     kind = draw(
         st.sampled_from(
@@ -51,6 +51,7 @@ def degenerate_pairs(draw):
                 "tight",
                 "ties",
                 "small_support",
+                "negligible_q",
             ]
         )
     )
@@ -88,6 +89,13 @@ def degenerate_pairs(draw):
     elif kind == "ties":
         q = _normalised(np.round(4 * q) + (np.round(4 * q).sum() == 0))
         p = _normalised(np.round(3 * p) + (np.round(3 * p).sum() == 0))
+    elif kind == "negligible_q":  # some tokens drafted with q in [5e-324, 1e-300], often with sizeable p
+        tiny = np.array(draw(st.lists(st.booleans(), min_size=vocab, max_size=vocab)))
+        tiny[index], tiny[(index + 1) % vocab] = True, False
+        q = _normalised(np.where(tiny, 0.0, 0.05 + q))
+        q[tiny] = draw(st.sampled_from([5e-324, 1e-320, 1e-310, 2.2e-308, 1e-305, 1e-300]))
+        if draw(st.booleans()):
+            p = _normalised(np.where(tiny, 0.3, p))
     else:  # small_support: more drafts than tokens with q > 0
         q = np.eye(vocab)[index] * 0.7 + np.eye(vocab)[(index + 1) % vocab] * 0.3
     return p, q, draw(st.integers(1, 5))
@@ -176,7 +184,8 @@ def perturbed(v, q, delta=1e-6):
     r[b] -= delta
     copy = object.__new__(type(v))
     copy.__dict__.update(v.__dict__)
-    copy.accept_probability = np.where(r > 0, np.minimum(1.0, v.p / np.where(r > 0, r, 1.0)), 1.0)
+    with np.errstate(over="ignore"):  # p / subnormal r = inf: accepted with probability 1
+        copy.accept_probability = np.where(r > 0, np.minimum(1.0, v.p / np.where(r > 0, r, 1.0)), 1.0)
     excess = np.maximum(v.p - r, 0.0)
     copy.residual = excess / excess.sum() if excess.sum() > 0 else v.p
     return copy, a
@@ -244,6 +253,37 @@ def test_lm_sized_pairs_reach_alpha_star():
             assert abs(v.alpha_star - optimal_acceptance(target, draft, n)) <= 1e-12
             assert v.shortfall <= 1e-9
             assert abs(v.marginal.sum() - 1.0) <= 1e-12
+
+
+def test_negligible_draft_mass_is_demoted_and_alpha_star_reached():
+    """Regression: a token with q = 5e-324 (p/q overflows) and p = 0.025 left the race fit 0.0144 short of
+    alpha* at n = 4. Now it is demoted below every draft (r = 0, class -1); acceptance reaches alpha*, the law is
+    exact by enumeration, and no overflow warning is raised (the theory tests make RuntimeWarnings errors)."""
+    p = np.array([0.025, 0.025, 0.025, 0.875, 0.025, 0.025])
+    q = np.array([5e-324, 0.00628930818, 0.00628930818, 0.471698113, 0.00628930818, 0.509433962])
+    q[1:] /= q[1:].sum()
+    for n in (2, 3, 4):
+        v = optimal_verifier(p, q, n)
+        output, _, acceptance = enumerated(v, q, n)
+        np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
+        assert v.marginal[0] == 0.0 and v.class_id[0] == -1
+        assert abs(v.acceptance - brute_force_optimum(p, q, n)) <= 1e-12, n
+        # A tuple of demoted tokens alone picks uniformly among them (no 0/0 in the race).
+        np.testing.assert_array_equal(v.selection(np.zeros(n, dtype=int)), np.full(n, 1.0 / n))
+    # Whole LM-sized rows (the bucketed path) with some tokens at q = 1e-310, and at the threshold's edge.
+    rng = np.random.default_rng(5)
+    logits = 3.0 * rng.standard_normal(4096)
+    p = _normalised(np.exp(logits - logits.max()))
+    q = _normalised(np.exp(logits + rng.standard_normal(4096)))
+    demoted = rng.choice(4096, 40, replace=False)
+    q[demoted] = 0.0
+    q /= q.sum()
+    q[demoted[:20]], q[demoted[20:]] = 1e-310, module.NEGLIGIBLE_Q * 0.5
+    for n in (2, 4):
+        v = optimal_verifier(p, q, n)
+        assert np.all(v.marginal[demoted] == 0.0) and np.all(v.class_id[demoted] == -1)
+        assert abs(v.acceptance - optimal_acceptance(p, q, n)) <= 1e-9
+        assert abs(v.marginal.sum() - 1.0) <= 1e-12
 
 
 def _sweep_pair(draw, vocab=49_152):

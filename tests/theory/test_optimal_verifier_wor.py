@@ -22,6 +22,7 @@ from theory import check_lossless, optimal_acceptance, optimal_verifier, optimal
 from theory.draft_laws import enumerate_drafts, sample_drafts
 
 wor_module = importlib.import_module("theory.optimal_verifier_wor")
+NEGLIGIBLE_Q = importlib.import_module("theory.optimal_verifier").NEGLIGIBLE_Q
 
 
 @st.composite
@@ -32,6 +33,7 @@ def cases(draw):
     else:
         p, q = draw(strategies.distribution_pairs(vocab_size=st.integers(1, 6), min_probability=0.0))
         n = draw(st.integers(1, 4))
+    q = np.where(q < NEGLIGIBLE_Q, 0.0, q)  # refused (test_negligible_draft_mass_is_refused)
     if q.sum() <= 0 or p.sum() <= 0:
         p, q = np.ones_like(p), np.ones_like(q)
     p, q = p / p.sum(), q / q.sum()
@@ -238,6 +240,18 @@ def test_without_replacement_beats_the_iid_construction_on_a_peaked_draft():
     wor, iid = optimal_verifier_wor(p, q, 3), optimal_verifier(p, q, 3)
     assert wor.acceptance > iid.acceptance + 0.03
     assert wor.shortfall <= 1e-12 and iid.shortfall <= 1e-12
+
+
+def test_negligible_draft_mass_is_refused():
+    """With a q of 5e-324 the class targets overflowed (p / set mass) and scipy's linprog stopped on a NaN
+    bound: such rows are refused with the count, the smallest value and the way out, where the i.i.d.
+    construction demotes the tokens."""
+    p, q = np.array([0.75, 0.05, 0.1, 0.1]), np.array([1e-310, 0.5, 0.25, 0.25])
+    with pytest.raises(ValueError, match=r"q has 1 token\(s\) with 0 < q < 1e-300 \(smallest 1e-310\)"):
+        optimal_verifier_wor(p, q, 2)
+    assert optimal_verifier(p, q, 2).marginal[0] == 0.0
+    q[0] = 0.0
+    assert optimal_verifier_wor(p, q / q.sum(), 2).shortfall <= 1e-12
 
 
 def test_repeated_drafts_and_too_many_drafts_are_rejected():
