@@ -15,9 +15,17 @@ first, would undo the ridge solution before the new layer learns anything); ever
 ``save_seconds`` the head, the optimizer state, the step and the random state go to ``train_state.pt``
 (atomically), so an interrupted run continues where it stopped until the budget is spent.
 
+With ``unroll`` = ``U`` > 1 the head is also trained on its own features, as it drafts (EAGLE-3's "training-time
+test", Li et al., arXiv 2503.01840): pass ``j`` feeds entry ``s`` the head's pass-``j-1`` feature with token
+:math:`x_{s+j}` and distils :math:`p(\\cdot \\mid h_{s+j})`; its query sees the teacher-forced entries up to ``s``
+(the verified context) and its own earlier entries of the same draft, the cache the drafter holds at draft step
+``j``. The passes' losses are averaged. A head trained teacher-forced only sees its own features first at
+run time: at the second drafted position its acceptance fell to 0.09-0.11 (docs/drafters.md).
+
 Held-out figures (on the card and in the progress bar) are at the first drafted position, teacher-forced on the
 target's exact features, with the full-vocabulary ``p``: ``top1`` = P(argmax q = argmax p), ``sum_min`` =
-mean :math:`\\sum_v \\min(p_v, q_v)`, ``kl`` = mean KL(p' || q) on the draft vocabulary.
+mean :math:`\\sum_v \\min(p_v, q_v)`, ``kl`` = mean KL(p' || q) on the draft vocabulary; ``top1_2`` and
+``sum_min_2`` are the same at the second drafted position, from the head's own first feature.
 """
 
 from __future__ import annotations
@@ -76,6 +84,9 @@ class TrainConfig:
     max_steps: int = (
         0  # 0: the time budget alone; n: also stop after n steps (the schedule then runs on steps)
     )
+    unroll: int = (
+        1  # drafted positions trained per entry: 1 teacher-forced, 2+ also on the head's own features
+    )
 
     def __post_init__(self) -> None:
         if not self.minutes > 0:
@@ -84,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"vocab must be 'full', 'reduced' or 'auto', got {self.vocab!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size!r}")
+        if not 1 <= self.unroll <= 8:
+            raise ValueError(f"unroll must be 1 to 8 drafted positions, got {self.unroll!r}")
         if self.teacher_topk < 0 or self.max_steps < 0:
             raise ValueError(
                 f"teacher_topk and max_steps must be non-negative, got {self.teacher_topk!r}, {self.max_steps!r}"
@@ -94,6 +107,8 @@ class TrainConfig:
         data = asdict(self)
         for name in ("minutes", "save_seconds", "eval_seconds", "max_steps"):
             data.pop(name)
+        if data["unroll"] == 1:  # the recipe before unrolling existed: cached heads keep their keys
+            data.pop("unroll")
         return data
 
 
@@ -105,36 +120,71 @@ def _head_inputs(features: FeatureSet, index: torch.Tensor, ahead: int = 1):
     return hidden[:, :end], tokens[:, 1 : end + 1], hidden[:, ahead:]
 
 
-def _run_head(head: FeatureHead, target, inputs, next_tokens) -> torch.Tensor:
+def _run_head(head: FeatureHead, target, inputs, next_tokens, passes: int = 1) -> list[torch.Tensor]:
+    """The head's features ``g`` of each drafted position ``j = 1..passes`` (list of ``(B, L - j + 1, d)``).
+
+    Pass 1 is teacher-forced: entry ``s`` = (``h_s``, ``x_{s+1}``), RoPE position ``s + 1``, cache slot ``s``.
+    Pass ``j`` feeds entry ``s`` the pass ``j - 1`` feature with ``x_{s+j}``, at RoPE position ``s + j`` and slot
+    ``(j - 1) L + s``; it sees the slots ``0..s`` of pass 1 and slot ``s`` of each pass ``2..j`` (module docstring).
+    """
     batch, length = next_tokens.shape
-    head.setup_cache(length, batch)
+    head.setup_cache(passes * length, batch)
     slots = torch.arange(length)
-    mask = slots <= slots[:, None]
-    return head(target, inputs, next_tokens, slots, slots + 1, mask)
+    causal = slots <= slots[:, None]
+    features = [head(target, inputs, next_tokens, slots, slots + 1, causal)]
+    cache = head.layer.attention.kv_cache
+    for j in range(2, passes + 1):
+        # The earlier passes' attention saved views of the cache for backward: this pass writes into a copy.
+        cache.k, cache.v = cache.k.clone(), cache.v.clone()
+        rows = length - j + 1
+        mask = torch.zeros(rows, j * length, dtype=torch.bool)
+        mask[:, :length] = causal[:rows, :]
+        for earlier in range(2, j + 1):
+            mask[torch.arange(rows), (earlier - 1) * length + torch.arange(rows)] = True
+        own = features[-1][:, :rows]
+        features.append(
+            head(
+                target, own, next_tokens[:, j - 1 :], (j - 1) * length + slots[:rows], slots[:rows] + j, mask
+            )
+        )
+    return features
 
 
 def feature_loss(
-    head: FeatureHead, target, inputs, next_tokens, targets, feature_weight: float, teacher=None
+    head: FeatureHead,
+    target,
+    inputs,
+    next_tokens,
+    targets,
+    feature_weight: float,
+    teacher=None,
+    unroll: int = 1,
 ):
-    """The training objective on aligned windows: ``(loss, kl)`` (see the module docstring).
+    """The training objective on aligned windows: ``(loss, kl)``, ``kl`` at the first drafted position (see the
+    module docstring).
 
     ``inputs`` = the target's pre-norm features ``h_t`` ``(B, T, d)``, ``next_tokens`` = ``x_{t+1}`` ``(B, T)``
     and ``targets`` = ``h_{t+1}`` ``(B, T, d)``, whose distribution ``p`` is recomputed through the frozen head,
     unless ``teacher`` = ``(log_p, index)`` ``(B, T, k)`` gives its cached top-k (then the KL is
-    :func:`executor.training.teacher.coarse_kl`). Shared by offline training and online distillation
+    :func:`executor.training.teacher.coarse_kl`). ``unroll`` passes (:func:`_run_head`) are averaged; pass ``j``
+    is scored against ``targets[:, j - 1:]``. Shared by offline training and online distillation
     (:mod:`executor.methods.online`).
     """
-    g = _run_head(head, target, inputs, next_tokens)
-    q_logits = head.logits(target, g, full=False)
-    if teacher is not None:
-        kl = coarse_kl(*teacher, q_logits).mean()
-    else:
-        with torch.no_grad():
-            log_p = target_logits(target, targets, head.vocab if head.reduced else None).log_softmax(-1)
-        log_q = q_logits.log_softmax(-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    regression = F.smooth_l1_loss(rms(g.float()), rms(targets.float()))
-    return kl + feature_weight * regression, kl
+    losses, kls = [], []
+    for j, g in enumerate(_run_head(head, target, inputs, next_tokens, unroll)):
+        aligned = targets[:, j:]
+        q_logits = head.logits(target, g, full=False)
+        if teacher is not None:
+            kl = coarse_kl(teacher[0][:, j:], teacher[1][:, j:], q_logits).mean()
+        else:
+            with torch.no_grad():
+                log_p = target_logits(target, aligned, head.vocab if head.reduced else None).log_softmax(-1)
+            log_q = q_logits.log_softmax(-1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        regression = F.smooth_l1_loss(rms(g.float()), rms(aligned.float()))
+        losses.append(kl + feature_weight * regression)
+        kls.append(kl)
+    return torch.stack(losses).mean(), kls[0]
 
 
 def choose_vocab(target, train: FeatureSet, mode: str) -> tuple[torch.Tensor | None, dict]:
@@ -186,28 +236,36 @@ def ridge_init(
         return r2
 
 
-def chunk_agreement(head: FeatureHead, target, held_out: FeatureSet, index: int) -> dict:
+def chunk_agreement(head: FeatureHead, target, held_out: FeatureSet, index: int, position: int = 1) -> dict:
     """:func:`~executor.training.loop.agreement_sums` (``top1``, ``sum_min``, ``kl`` summed, and ``tokens``)
-    of the head's first drafted position on chunk ``index`` of ``held_out``; call under ``torch.no_grad()``."""
+    of the head's drafted ``position`` (1: teacher-forced; 2: from its own first feature) on chunk ``index`` of
+    ``held_out``; call under ``torch.no_grad()``."""
     inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([index]))
-    g = _run_head(head, target, inputs, next_tokens)[0]
-    p = target_logits(target, targets[0]).softmax(-1)
+    g = _run_head(head, target, inputs, next_tokens, position)[-1][0]
+    p = target_logits(target, targets[0, position - 1 :]).softmax(-1)
     return agreement_sums(p, head.logits(target, g), head.vocab)
 
 
 def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
-    """Held-out ``top1``, ``sum_min``, ``kl`` (see the module docstring) and the number of ``tokens``."""
-    totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
+    """Held-out ``top1``, ``sum_min``, ``kl``, ``top1_2``, ``sum_min_2`` (see the module docstring) and the
+    number of ``tokens``."""
     chunks = len(held_out) if max_chunks is None else min(max_chunks, len(held_out))
     was_training = head.training
     head.eval()
+    figures = {}
     with torch.no_grad():
-        for i in range(chunks):
-            for name, value in chunk_agreement(head, target, held_out, i).items():
-                totals[name] += value
+        for position, suffix in ((1, ""), (2, "_2")):
+            totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
+            for i in range(chunks):
+                for name, value in chunk_agreement(head, target, held_out, i, position).items():
+                    totals[name] += value
+            tokens = totals.pop("tokens")
+            if position == 1:
+                figures = {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
+            else:
+                figures |= {f"{name}{suffix}": totals[name] / tokens for name in ("top1", "sum_min")}
     head.train(was_training)
-    tokens = totals.pop("tokens")
-    return {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
+    return figures
 
 
 def start_head(head_class, target, train: FeatureSet, out_dir, config: TrainConfig):
@@ -259,11 +317,14 @@ def train_feature_head(
         index = torch.randint(len(train), (config.batch_size,), generator=generator)
         inputs, next_tokens, targets = _head_inputs(train, index)
         rows = None if teacher is None else (teacher.log_p[index, 1:], teacher.index[index, 1:])
-        loss, kl = feature_loss(head, target, inputs, next_tokens, targets, config.feature_weight, rows)
+        loss, kl = feature_loss(
+            head, target, inputs, next_tokens, targets, config.feature_weight, rows, config.unroll
+        )
         return loss, {"tokens": next_tokens.numel(), "kl": f"{float(kl.detach()):.3f}"}
 
     def evaluate() -> dict:
-        return {"heldout_summin": f"{evaluate_head(head, target, held_out, max_chunks=2)['sum_min']:.3f}"}
+        figures = evaluate_head(head, target, held_out, max_chunks=2)
+        return {"heldout_summin": f"{figures['sum_min']:.3f}/{figures['sum_min_2']:.3f}"}
 
     record = run_budgeted(
         head,
@@ -399,6 +460,8 @@ def train_drafter(
     from executor.training.selfdistill import merge_features, parse_self_corpus, self_distilled_features
 
     config = TrainConfig(minutes=minutes) if config is None else config
+    if config.unroll != 1 and kind != "feature":
+        raise ValueError(f"unroll trains feature heads only, not {kind!r} (got unroll={config.unroll})")
     target = _float32_target(target)
     self_tokens = parse_self_corpus(corpus)  # "self:N": N generated tokens, then the standard library
     if self_tokens and layer_kind:

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 32; 0 recomputes the full distribution at every step)",
     )
     parser.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        help="feature kind: drafted positions trained per entry; 2 or more also trains the head on its own "
+        "features, as it drafts (EAGLE-3's training-time test; default 1: teacher-forced only)",
+    )
+    parser.add_argument(
         "--vocab", default="auto", choices=["auto", "full", "reduced"], help="draft vocabulary"
     )
     parser.add_argument(
@@ -79,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-steps and --teacher-topk must be non-negative, got {args.max_steps}, {args.teacher_topk}"
         )
+    if not 1 <= args.unroll <= 8:
+        raise ValueError(f"--unroll must be 1 to 8 drafted positions, got {args.unroll}")
+    if args.unroll != 1 and args.kind != "feature":
+        raise ValueError(
+            f"--unroll applies to --kind feature only, got --kind {args.kind} --unroll {args.unroll}"
+        )
     if args.train_tokens < 1024:
         raise ValueError(f"--train-tokens must be at least 1024, got {args.train_tokens}")
     from executor.training.selfdistill import parse_self_corpus
@@ -102,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 vocab=args.vocab,
                 max_steps=args.max_steps,
                 teacher_topk=args.teacher_topk,
+                unroll=args.unroll,
             ),
         )
     except KeyboardInterrupt:
@@ -118,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
             f"sum-min(p, q) {held['sum_min']:.3f}, KL {held['kl']:.3f}; {card['steps']} steps, "
             f"{card['tokens']} tokens, {card['seconds']} s; draft vocabulary {card['draft_vocab']['chosen']}"
         )
+        if "sum_min_2" in held:
+            print(
+                f"second drafted position, from the head's own first feature: top-1 {held['top1_2']:.3f}, "
+                f"sum-min(p, q) {held['sum_min_2']:.3f}"
+            )
         if "ranking" in card:
             from executor.training.ranking import common_scores
 

@@ -137,3 +137,48 @@ def test_cached_checkpoints_rank_by_held_out_sum_min_then_recency(setup, tmp_pat
     (root / "falcon-other").mkdir()
     names = [p.name.removeprefix(prefix) for p in cached_checkpoints(target, "feature")]
     assert names == ["strong-old", "tie-new", "tie-old", "weak-new", "broken"]
+
+
+@pytest.mark.parametrize("passes", [2, 3])
+def test_unrolled_passes_equal_the_drafters_own_feature_steps(setup, passes):
+    """Pass j of training (one batched call, its mask over a cache of j windows) equals drafting j tokens one by
+    one from a cache holding the teacher-forced context 0..s, as the drafter does at run time."""
+    from executor.training.trainer import _run_head
+
+    target, _, held_out = setup
+    torch.manual_seed(1)
+    head = FeatureHead(target.config)
+    with torch.no_grad():  # a layer that is not the identity, so the attention mask matters
+        for parameter in head.layer.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    hidden, tokens = held_out.hidden[:1, :-1].float(), held_out.tokens[:1, 1:]
+    length = tokens.shape[1]
+    with torch.no_grad():
+        unrolled = _run_head(head, target, hidden, tokens, passes)
+        assert [g.shape[1] for g in unrolled] == [length - j for j in range(passes)]
+        for s in (0, 5, length - passes):
+            head.setup_cache(length + passes)
+            slots = torch.arange(s + 1)
+            g = head(
+                target, hidden[:, : s + 1], tokens[:, : s + 1], slots, slots + 1, slots <= slots[:, None]
+            )
+            own = g[:, -1:]
+            for j in range(2, passes + 1):
+                slot = torch.tensor([s + j - 1])
+                visible = torch.ones(1, s + j, dtype=torch.bool)
+                own = head(target, own, tokens[:, s + j - 1 : s + j], slot, slot + 1, visible)
+                torch.testing.assert_close(own[0, 0], unrolled[j - 1][0, s], atol=1e-5, rtol=1e-5)
+            # Sensitive to the inputs: the teacher-forced feature at the same position differs.
+            assert (unrolled[0][0, s + passes - 1] - own[0, 0]).abs().max() > 1e-3
+
+
+def test_unroll_trains_on_own_features_and_keys_its_own_checkpoints(setup, tmp_path):
+    target, train, held_out = setup
+    config = TrainConfig(**{**CONFIG.__dict__, "unroll": 2})
+    card = train_feature_head(target, train, held_out, tmp_path, config, progress=False)
+    before, after = card["held_out_initial"], card["held_out"]
+    assert card["steps"] > 3
+    assert after["sum_min_2"] > before["sum_min_2"] + 0.1 and 0.0 <= after["top1_2"] <= 1.0
+    assert "unroll" not in CONFIG.recipe() and config.recipe()["unroll"] == 2  # old cache keys unchanged
+    with pytest.raises(ValueError, match="unroll must be 1 to 8"):
+        TrainConfig(unroll=0)

@@ -10,6 +10,10 @@ def test_bad_options_exit_with_the_reason(capsys):
     assert "--minutes must be positive" in capsys.readouterr().err
     assert main(["train-drafter", "--train-tokens", "10"]) == 2
     assert "--train-tokens must be at least 1024" in capsys.readouterr().err
+    assert main(["train-drafter", "--unroll", "0"]) == 2
+    assert "--unroll must be 1 to 8" in capsys.readouterr().err
+    assert main(["train-drafter", "--kind", "falcon", "--unroll", "2"]) == 2
+    assert "--unroll applies to --kind feature only" in capsys.readouterr().err
 
 
 def test_a_bad_self_distillation_corpus_exits_with_the_reason(capsys):
