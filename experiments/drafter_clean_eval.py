@@ -5,10 +5,10 @@ split, i.e. from a handful of files, and heads trained on different corpora are 
 Here every head is scored on the same files: the non-test standard-library files that none of the given
 checkpoints' training runs read (a run reads its train split in the corpus's hash order until it has
 ``train_tokens``, recorded on the card), first ``--tokens`` tokens in a fixed order. Σmin(p, q) at T = 1 on
-the first drafted position (teacher-forced), with a 95% bootstrap interval over the 512-token chunks, and the
-paired difference of the first two heads.
+the drafted ``--positions`` (1: teacher-forced; 2: from the head's own first feature, as it drafts), with a 95%
+bootstrap interval over the 512-token chunks, and the paired difference of the first two heads.
 
-    python -m experiments.drafter_clean_eval CHECKPOINT [CHECKPOINT ...] [--tokens 32768]
+    python -m experiments.drafter_clean_eval CHECKPOINT [CHECKPOINT ...] [--tokens 32768] [--positions 1,2]
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoints", nargs="+", type=Path)
     parser.add_argument("--tokens", type=int, default=32_768, help="evaluation tokens (default 32768)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--positions", default="1", help="drafted positions, comma-separated (default 1)")
     args = parser.parse_args(argv)
+    positions = [int(value) for value in args.positions.split(",")]
+    if not all(1 <= position <= 8 for position in positions):
+        parser.error(f"--positions must be drafted positions 1 to 8, got {args.positions!r}")
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model()
     stdlib = default_corpus()
@@ -51,13 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     subset = Corpus("stdlib-never-read", clean[:1], clean[1:])
     directory = prepare_features(target, tokenizer, subset, train_tokens=512, held_out_tokens=args.tokens)
     held = load_features(directory, "held_out")
-    sums = {}
-    with torch.no_grad():
-        for checkpoint in args.checkpoints:
-            head = FeatureDrafter.from_checkpoint(target, checkpoint).head.float().eval()
-            chunks = [chunk_agreement(head, target, held, i) for i in range(len(held))]
-            sums[checkpoint.name] = np.array([(c["sum_min"], c["tokens"]) for c in chunks], dtype=np.float64)
     resample = np.random.default_rng(0).integers(0, len(held), size=(2000, len(held)))
+    for position in positions:
+        sums = {}
+        with torch.no_grad():
+            for checkpoint in args.checkpoints:
+                head = FeatureDrafter.from_checkpoint(target, checkpoint).head.float().eval()
+                chunks = [chunk_agreement(head, target, held, i, position) for i in range(len(held))]
+                sums[checkpoint.name] = np.array(
+                    [(c["sum_min"], c["tokens"]) for c in chunks], dtype=np.float64
+                )
+        print(f"drafted position {position}:")
+        _report(sums, resample)
+    return 0
+
+
+def _report(sums: dict, resample: np.ndarray) -> None:
+    """Σmin of each head with its bootstrap interval, and the paired difference of the first two heads."""
 
     def estimate(rows, index=slice(None)):
         return rows[index, 0].sum(-1) / rows[index, 1].sum(-1)
@@ -65,13 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in sums.items():
         low, high = np.percentile(estimate(rows, resample), [2.5, 97.5])
         print(
-            f"{name}: sum_min {estimate(rows):.3f} [{low:.3f}, {high:.3f}] over {int(rows[:, 1].sum())} tokens"
+            f"  {name}: sum_min {estimate(rows):.3f} [{low:.3f}, {high:.3f}] over {int(rows[:, 1].sum())} tokens"
         )
     if len(sums) >= 2:
         (first, a), (second, b) = list(sums.items())[:2]
         low, high = np.percentile(estimate(a, resample) - estimate(b, resample), [2.5, 97.5])
-        print(f"{first} - {second}: {estimate(a) - estimate(b):+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
-    return 0
+        print(f"  {first} - {second}: {estimate(a) - estimate(b):+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
 
 
 if __name__ == "__main__":
