@@ -31,6 +31,13 @@ needs_native_bf16 = pytest.mark.skipif(
     reason="packed bfloat16 runs only on CPUs with avx512_bf16 or AMX (executor.products.NATIVE_CPU_BF16)",
 )
 
+# Skipped only where the CPU lacks the instructions: on a CPU that has them, a kernel that fails to build or
+# fails its probe (and so would silently fall back to oneDNN) fails these tests.
+needs_native_kernel = pytest.mark.skipif(
+    not products._cpu_has_avx512_bf16(),
+    reason="the native bfloat16 kernel needs a CPU with AVX512-BF16 (executor.products.native_bf16_available)",
+)
+
 
 @given(n=st.integers(1, 70), rows=st.sampled_from([1, 7, 64, 300]), seed=seeds)
 def test_cpu_linear_equals_f_linear_up_to_round_off(n, rows, seed):
@@ -188,3 +195,50 @@ def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_
         plain = model(tokens, torch.arange(8))
         assert len(calls) == 4 * model.config.n_layers + 1
     torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
+
+
+@needs_native_kernel
+@given(
+    n=st.integers(1, 20),
+    rows=st.sampled_from([1, 15, 16, 17, 300]),
+    columns=st.sampled_from([2, 30, 576]),
+    seed=seeds,
+)
+def test_native_bfloat16_kernel_is_the_exact_product_rounded_once(n, rows, columns, seed):
+    assert products.native_bf16_available(), "the kernel did not build or failed its probe (see stderr)"
+    # Called directly, on row counts around its 16-row blocks and column counts around its 32-wide loads.
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, columns, generator=generator).bfloat16()
+    weight = torch.randn(rows, columns, generator=generator).bfloat16()
+    exact = x.double() @ weight.double().T
+    result = torch.ops.specbound_native.bf16_linear(x, products._native_copy(weight), rows)
+    assert result.shape == (n, rows) and result.dtype == torch.bfloat16
+    scale = x.double().abs() @ weight.double().abs().T  # float32 sums in another order: 2**-24 per term
+    assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 2**-20 * scale + 1e-30).all()
+    alone = torch.cat(
+        [
+            torch.ops.specbound_native.bf16_linear(x[i : i + 1], products._native_copy(weight), rows)
+            for i in range(n)
+        ]
+    )
+    assert torch.equal(result, alone)
+
+
+@needs_native_kernel
+def test_bfloat16_packed_products_run_on_the_native_kernel_and_follow_their_weight():
+    assert products.native_bf16_available(), "the kernel did not build or failed its probe (see stderr)"
+    weight = torch.randn(48, 64).bfloat16()
+    x = torch.randn(3, 64).bfloat16()
+    with torch.no_grad():
+        before = packed_linear(x, weight)
+        assert weight in products._PACKED_NATIVE and weight not in products._PACKED
+        weight.mul_(2)  # in place: repacked
+        assert torch.equal(packed_linear(x, weight), 2 * before)  # scaling by 2 is exact in bfloat16
+        odd = torch.randn(48, 63).bfloat16()  # odd columns: oneDNN's product
+        packed_linear(torch.randn(1, 63).bfloat16(), odd)
+        assert odd in products._PACKED and odd not in products._PACKED_NATIVE
+
+
+def test_the_native_kernel_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("SPECBOUND_NATIVE", "0")
+    assert not products.native_bf16_available()
