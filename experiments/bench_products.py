@@ -7,7 +7,9 @@ Kernels, interleaved per repetition:
 * ``mkl`` -- ``F.linear`` (MKL's GEMM; what the model ran before ``executor.products.packed_linear``);
 * ``mkl-packed`` -- MKL's packed GEMM (``torch.ops.mkl._mkl_linear`` on ``_mkl_reorder_linear_weight``);
 * ``onednn-1`` / ``onednn-8`` -- oneDNN's inner product on ``torch.ops.mkldnn._reorder_linear_weight(w, b)``
-  with the batch hint b (what ``executor.products.packed_linear`` uses: 8).
+  with the batch hint b (what ``executor.products.packed_linear`` used for every dtype before the native kernel);
+* ``native`` -- bfloat16 only, where :func:`executor.products.native_bf16_available`: the native AVX512-BF16
+  kernel on its packed copy (what ``executor.products.packed_linear`` now runs for bfloat16 there).
 
 ``--dtype bfloat16`` casts the weights and activations (no ``mkl-packed`` row: MKL's packed GEMM is float32
 only); oneDNN multiplies bfloat16 natively only on CPUs with avx512_bf16 or AMX.
@@ -66,6 +68,18 @@ def kernels(weights: list[torch.Tensor]) -> dict:
     }
     if not float32:
         del runs["mkl-packed"]
+        from executor import products
+
+        if products.native_bf16_available():
+            native = [(products._native_copy(w), w) for w in weights]
+
+            def run_native(x):
+                return [
+                    torch.ops.specbound_native.bf16_linear(x[:, : w.shape[1]].contiguous(), p, w.shape[0])
+                    for p, w in native
+                ]
+
+            runs["native"] = run_native
     return runs
 
 
