@@ -56,7 +56,7 @@ import torch._dynamo.exc
 import torch._inductor.exc
 
 from executor.model import Transformer
-from executor.products import native_bf16_available, packing_available
+from executor.products import native_available, packing_available
 
 __all__ = ["compile_and_warm_up", "compile_model", "compiler_available", "inductor_cache_dir", "warm_up"]
 
@@ -112,7 +112,7 @@ def compile_model(model: Transformer, *, dynamic: bool = True, mode: str | None 
     if model.tok_embeddings.weight.device.type == "cpu" and not compiler_available():
         return _fallback(model, "torch.compile needs a C++ compiler and none was found")
     packing_available()  # probed eagerly: the probe cannot run while Dynamo traces
-    native_bf16_available()  # built eagerly, for the same reason
+    native_available(model.tok_embeddings.weight.dtype)  # built eagerly, for the same reason
     # Inductor reads it when it compiles (its compile workers inherit it); set before the first compilation.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
     compiled = torch.compile(model.layers_and_head, dynamic=dynamic, fullgraph=True, mode=mode)

@@ -58,7 +58,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 __all__ = [
     "NATIVE_CPU_BF16",
     "linear",
-    "native_bf16_available",
+    "native_available",
     "packed_linear",
     "packing_applies",
     "packing_available",
@@ -144,66 +144,78 @@ def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return packed_linear(x, weight) if packing_applies(x, weight) else linear(x, weight)
 
 
-_NATIVE: bool | None = None
-_NATIVE_SOURCE = Path(__file__).with_name("csrc") / "bf16_linear.cpp"
+#: dtype -> (kernel source in ``csrc/``, the CPU flags it needs, the compiler flags, its operator's name).
+NATIVE_KERNELS = {
+    torch.bfloat16: (
+        "bf16_linear.cpp",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"),
+        "specbound_native::bf16_linear",
+    ),
+    torch.float32: ("f32_linear.cpp", ("avx512f",), ("-mavx512f",), "specbound_native_f32::f32_linear"),
+}
+_NATIVE: dict = {}
 
 
-def native_bf16_available() -> bool:
-    """Whether the native bfloat16 kernel runs here: the CPU has AVX512-BF16 and the kernel built (tried once).
+def native_available(dtype: torch.dtype) -> bool:
+    """Whether the native kernel for ``dtype`` runs here: the CPU has its instructions and it built (tried once).
 
     While ``torch.compile`` traces nothing is built; :func:`executor.compiled.compile_model` tries it first.
     """
-    global _NATIVE
-    if os.environ.get("SPECBOUND_NATIVE", "1") == "0":
+    if os.environ.get("SPECBOUND_NATIVE", "1") == "0" or dtype not in NATIVE_KERNELS:
         return False
-    if _NATIVE is None and not torch.compiler.is_compiling():
-        _NATIVE = _cpu_has_avx512_bf16() and _load_native()
-    return bool(_NATIVE)
+    if dtype not in _NATIVE and not torch.compiler.is_compiling():
+        _NATIVE[dtype] = _cpu_has(NATIVE_KERNELS[dtype][1]) and _load_native(dtype)
+    return bool(_NATIVE.get(dtype, False))
 
 
-def _cpu_has_avx512_bf16() -> bool:
+def _cpu_has(flags) -> bool:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
-    except OSError:  # not Linux: the kernel is not offered
+            found = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:  # not Linux: the kernels are not offered
         return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= set(flags)
+    return set(flags) <= set(found)
 
 
-def _load_native() -> bool:
+def _native_op(dtype: torch.dtype):
+    namespace, name = NATIVE_KERNELS[dtype][3].split("::")
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def _load_native(dtype: torch.dtype) -> bool:
     from torch.utils import cpp_extension
 
+    source, _, flags, _ = NATIVE_KERNELS[dtype]
+    path = Path(__file__).with_name("csrc") / source
+    label = f"native {str(dtype).removeprefix('torch.')} product"
     # torch looks for ninja on PATH; the ninja wheel puts it next to this interpreter.
     bin_dir = os.path.dirname(sys.executable)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     try:
-        name = "specbound_native_" + hashlib.sha256(_NATIVE_SOURCE.read_bytes()).hexdigest()[:12]
+        name = f"specbound_{path.stem}_" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
         if not Path(cpp_extension._get_build_directory(name, verbose=False), f"{name}.so").is_file():
-            print(
-                "specbound: building the native bfloat16 product (once per machine, ~30 s)", file=sys.stderr
-            )
+            print(f"specbound: building the {label} (once per machine, ~30 s)", file=sys.stderr)
         cpp_extension.load(
             name=name,
-            sources=[str(_NATIVE_SOURCE)],
+            sources=[str(path)],
             # OpenMP: ATen's parallel_for is inline, and serial in code compiled without it.
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"],
+            extra_cflags=["-O3", *flags, "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
         )
         generator = torch.Generator().manual_seed(0)
-        x = torch.randn(3, 70, generator=generator).bfloat16()
-        weight = torch.randn(21, 70, generator=generator).bfloat16()
-        expected = (x.double() @ weight.double().T).bfloat16()
-        got = torch.ops.specbound_native.bf16_linear(x, _native_copy(weight), weight.shape[0])
+        x = torch.randn(3, 70, generator=generator).to(dtype)
+        weight = torch.randn(21, 70, generator=generator).to(dtype)
+        expected = (x.double() @ weight.double().T).to(dtype)
+        got = _native_op(dtype)(x, _native_copy(weight), weight.shape[0])
         if not torch.allclose(got, expected, rtol=1e-2, atol=1e-2):
             raise RuntimeError("its probe product disagrees with float64")
     except Exception as error:  # no source, compiler or ninja, a failed probe: oneDNN's product instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(
-            f"specbound: the native bfloat16 product is unavailable ({reason}); using oneDNN", file=sys.stderr
-        )
+        print(f"specbound: the {label} is unavailable ({reason}); using oneDNN", file=sys.stderr)
         return False
     return True
 
@@ -242,19 +254,22 @@ def _blocked_copy(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _native_copy(weight: torch.Tensor) -> torch.Tensor:
-    """``packed[b, p, j, t] = W[16 b + j, 2 p + t]``, rows padded to a multiple of 16 (the kernel's layout)."""
+    """The native kernels' layouts, rows padded to a multiple of 16: bfloat16 ``packed[b, p, j, t] =
+    W[16 b + j, 2 p + t]`` (pairs of inputs, as VDPBF16PS reads them), float32 ``packed[b, k, j] = W[16 b + j, k]``."""
 
     def pack(w: torch.Tensor) -> torch.Tensor:
         rows = -(-w.shape[0] // 16) * 16
-        padded = F.pad(w, (0, 0, 0, rows - w.shape[0]))
-        return padded.view(rows // 16, 16, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+        padded = F.pad(w, (0, 0, 0, rows - w.shape[0])).view(rows // 16, 16, w.shape[1])
+        if w.dtype == torch.bfloat16:
+            return padded.view(rows // 16, 16, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+        return padded.permute(0, 2, 1).contiguous()
 
     return _cached_copy(_PACKED_NATIVE, weight, pack)
 
 
 def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and native_bf16_available():
-        return torch.ops.specbound_native.bf16_linear(x, _native_copy(weight), weight.shape[0])
+    if (weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0) and native_available(weight.dtype):
+        return _native_op(weight.dtype)(x, _native_copy(weight), weight.shape[0])
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])

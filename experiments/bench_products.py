@@ -8,8 +8,8 @@ Kernels, interleaved per repetition:
 * ``mkl-packed`` -- MKL's packed GEMM (``torch.ops.mkl._mkl_linear`` on ``_mkl_reorder_linear_weight``);
 * ``onednn-1`` / ``onednn-8`` -- oneDNN's inner product on ``torch.ops.mkldnn._reorder_linear_weight(w, b)``
   with the batch hint b (what ``executor.products.packed_linear`` used for every dtype before the native kernel);
-* ``native`` -- bfloat16 only, where :func:`executor.products.native_bf16_available`: the native AVX512-BF16
-  kernel on its packed copy (what ``executor.products.packed_linear`` now runs for bfloat16 there).
+* ``native`` -- where :func:`executor.products.native_available`: the native AVX-512 kernel of the dtype on its
+  packed copy (what ``executor.products.packed_linear`` now runs there).
 
 ``--dtype bfloat16`` casts the weights and activations (no ``mkl-packed`` row: MKL's packed GEMM is float32
 only); oneDNN multiplies bfloat16 natively only on CPUs with avx512_bf16 or AMX.
@@ -29,6 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from executor import products
 from executor.files import write_json
 
 LAYERS = 30
@@ -68,18 +69,15 @@ def kernels(weights: list[torch.Tensor]) -> dict:
     }
     if not float32:
         del runs["mkl-packed"]
-        from executor import products
 
-        if products.native_bf16_available():
-            native = [(products._native_copy(w), w) for w in weights]
+    if products.native_available(weights[0].dtype):
+        native = [(products._native_copy(w), w) for w in weights]
+        operator = products._native_op(weights[0].dtype)
 
-            def run_native(x):
-                return [
-                    torch.ops.specbound_native.bf16_linear(x[:, : w.shape[1]].contiguous(), p, w.shape[0])
-                    for p, w in native
-                ]
+        def run_native(x):
+            return [operator(x[:, : w.shape[1]].contiguous(), p, w.shape[0]) for p, w in native]
 
-            runs["native"] = run_native
+        runs["native"] = run_native
     return runs
 
 

@@ -31,12 +31,27 @@ needs_native_bf16 = pytest.mark.skipif(
     reason="packed bfloat16 runs only on CPUs with avx512_bf16 or AMX (executor.products.NATIVE_CPU_BF16)",
 )
 
+
 # Skipped only where the CPU lacks the instructions: on a CPU that has them, a kernel that fails to build or
 # fails its probe (and so would silently fall back to oneDNN) fails these tests.
-needs_native_kernel = pytest.mark.skipif(
-    not products._cpu_has_avx512_bf16(),
-    reason="the native bfloat16 kernel needs a CPU with AVX512-BF16 (executor.products.native_bf16_available)",
+def native_kernel(dtype):
+    return pytest.param(
+        dtype,
+        marks=pytest.mark.skipif(
+            not products._cpu_has(products.NATIVE_KERNELS[dtype][1]),
+            reason=f"the native {dtype} kernel needs a CPU with {', '.join(products.NATIVE_KERNELS[dtype][1])}",
+        ),
+    )
+
+
+native_dtypes = pytest.mark.parametrize(
+    "dtype", [native_kernel(torch.bfloat16), native_kernel(torch.float32)], ids=["bfloat16", "float32"]
 )
+
+
+def float32_copies():
+    """The table of the packed float32 copies: the native kernel's where it runs, else oneDNN's."""
+    return products._PACKED_NATIVE if products.native_available(torch.float32) else products._PACKED
 
 
 @given(n=st.integers(1, 70), rows=st.sampled_from([1, 7, 64, 300]), seed=seeds)
@@ -125,10 +140,11 @@ def test_a_stale_packed_copy_would_be_caught():
     x = torch.randn(3, 16)
     with torch.no_grad():
         before = packed_linear(x, weight)
-        key, storage, blocked = products._PACKED[weight]
+        table = float32_copies()
+        key, storage, blocked = table[weight]
         weight.mul_(2)
         fresh_key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
-        products._PACKED[weight] = (fresh_key, storage, blocked)  # pretend nothing changed
+        table[weight] = (fresh_key, storage, blocked)  # pretend nothing changed
         assert key != fresh_key and torch.equal(packed_linear(x, weight), before)
 
 
@@ -139,7 +155,7 @@ def test_the_packed_copy_is_freed_with_its_weight():
     weight = torch.randn(32, 16)
     with torch.no_grad():
         packed_linear(torch.randn(1, 16), weight)
-    copy_alive = weakref.ref(products._PACKED[weight][2])
+    copy_alive = weakref.ref(float32_copies()[weight][2])
     assert copy_alive() is not None
     del weight
     gc.collect()
@@ -197,48 +213,47 @@ def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_
     torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
 
 
-@needs_native_kernel
+@native_dtypes
 @given(
     n=st.integers(1, 20),
     rows=st.sampled_from([1, 15, 16, 17, 300]),
     columns=st.sampled_from([2, 30, 576]),
     seed=seeds,
 )
-def test_native_bfloat16_kernel_is_the_exact_product_rounded_once(n, rows, columns, seed):
-    assert products.native_bf16_available(), "the kernel did not build or failed its probe (see stderr)"
-    # Called directly, on row counts around its 16-row blocks and column counts around its 32-wide loads.
+def test_native_kernel_is_the_exact_product_rounded_once(dtype, n, rows, columns, seed):
+    # Called directly, on row counts around its 16-row blocks. Products of bfloat16 are exact in float32 and
+    # bfloat16 rounds the float32 sum once (2**-8); float32 sums round each step (2**-24 per term).
+    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, columns, generator=generator).bfloat16()
-    weight = torch.randn(rows, columns, generator=generator).bfloat16()
+    x = torch.randn(n, columns, generator=generator).to(dtype)
+    weight = torch.randn(rows, columns, generator=generator).to(dtype)
     exact = x.double() @ weight.double().T
-    result = torch.ops.specbound_native.bf16_linear(x, products._native_copy(weight), rows)
-    assert result.shape == (n, rows) and result.dtype == torch.bfloat16
-    scale = x.double().abs() @ weight.double().abs().T  # float32 sums in another order: 2**-24 per term
-    assert ((result.double() - exact).abs() <= 2**-8 * exact.abs() + 2**-20 * scale + 1e-30).all()
-    alone = torch.cat(
-        [
-            torch.ops.specbound_native.bf16_linear(x[i : i + 1], products._native_copy(weight), rows)
-            for i in range(n)
-        ]
-    )
+    operator, packed = products._native_op(dtype), products._native_copy(weight)
+    result = operator(x, packed, rows)
+    assert result.shape == (n, rows) and result.dtype == dtype
+    scale = x.double().abs() @ weight.double().abs().T
+    rounding = 2**-8 if dtype == torch.bfloat16 else 0.0
+    assert ((result.double() - exact).abs() <= rounding * exact.abs() + 2**-20 * scale + 1e-30).all()
+    alone = torch.cat([operator(x[i : i + 1], packed, rows) for i in range(n)])
     assert torch.equal(result, alone)
 
 
-@needs_native_kernel
-def test_bfloat16_packed_products_run_on_the_native_kernel_and_follow_their_weight():
-    assert products.native_bf16_available(), "the kernel did not build or failed its probe (see stderr)"
-    weight = torch.randn(48, 64).bfloat16()
-    x = torch.randn(3, 64).bfloat16()
+@native_dtypes
+def test_packed_products_run_on_the_native_kernel_and_follow_their_weight(dtype):
+    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
+    weight = torch.randn(48, 64).to(dtype)
+    x = torch.randn(3, 64).to(dtype)
     with torch.no_grad():
         before = packed_linear(x, weight)
         assert weight in products._PACKED_NATIVE and weight not in products._PACKED
         weight.mul_(2)  # in place: repacked
-        assert torch.equal(packed_linear(x, weight), 2 * before)  # scaling by 2 is exact in bfloat16
-        odd = torch.randn(48, 63).bfloat16()  # odd columns: oneDNN's product
-        packed_linear(torch.randn(1, 63).bfloat16(), odd)
-        assert odd in products._PACKED and odd not in products._PACKED_NATIVE
+        assert torch.equal(packed_linear(x, weight), 2 * before)  # scaling by 2 is exact
+        if dtype == torch.bfloat16:  # odd columns: oneDNN's product
+            odd = torch.randn(48, 63).bfloat16()
+            packed_linear(torch.randn(1, 63).bfloat16(), odd)
+            assert odd in products._PACKED and odd not in products._PACKED_NATIVE
 
 
-def test_the_native_kernel_can_be_turned_off(monkeypatch):
+def test_the_native_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("SPECBOUND_NATIVE", "0")
-    assert not products.native_bf16_available()
+    assert not products.native_available(torch.bfloat16) and not products.native_available(torch.float32)

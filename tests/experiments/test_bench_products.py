@@ -14,6 +14,11 @@ from experiments import bench_products
 needs_onednn = pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
 
 
+def with_native(names: set, dtype: torch.dtype) -> set:
+    """The kernel names, plus ``native`` where the native kernel of ``dtype`` runs on this CPU."""
+    return names | ({"native"} if products.native_available(dtype) else set())
+
+
 @needs_onednn
 def test_every_kernel_forms_the_products_of_f_linear():
     generator = torch.Generator().manual_seed(0)
@@ -21,7 +26,7 @@ def test_every_kernel_forms_the_products_of_f_linear():
     x = torch.randn(3, 1536, generator=generator)
     expected = [F.linear(x[:, : w.shape[1]], w) for w in weights]
     runs = bench_products.kernels(weights)
-    assert set(runs) == {"mkl", "mkl-packed", "onednn-1", "onednn-8"}
+    assert set(runs) == with_native({"mkl", "mkl-packed", "onednn-1", "onednn-8"}, torch.float32)
     for run in runs.values():
         for got, want in zip(run(x), expected, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -35,7 +40,8 @@ def test_the_report_has_a_median_per_rows_and_kernel(tmp_path, monkeypatch):
     report = bench_products.main(["--rows", "1", "3", "--repeats", "2", "--threads", "1", "--out", str(out)])
     assert set(report["median_ms"]) == {1, 3}
     assert all(
-        set(row) == {"mkl", "mkl-packed", "onednn-1", "onednn-8"} for row in report["median_ms"].values()
+        set(row) == with_native({"mkl", "mkl-packed", "onednn-1", "onednn-8"}, torch.float32)
+        for row in report["median_ms"].values()
     )
     assert json.loads(out.read_text())["config"]["rows"] == [1, 3]
     with pytest.raises(SystemExit):
@@ -54,7 +60,8 @@ def test_the_bfloat16_kernels_form_the_products_of_f_linear():
     ]
     x = torch.randn(3, 1536, generator=generator).bfloat16()
     runs = bench_products.kernels(weights)
-    assert set(runs) == {"mkl", "onednn-1", "onednn-8"}  # MKL's packed GEMM is float32 only
+    # MKL's packed GEMM is float32 only
+    assert set(runs) == with_native({"mkl", "onednn-1", "onednn-8"}, torch.bfloat16)
     for run in runs.values():
         for got, weight in zip(run(x), weights, strict=True):
             exact = x[:, : weight.shape[1]].double() @ weight.double().T
