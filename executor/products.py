@@ -154,7 +154,7 @@ NATIVE_KERNELS = {
     ),
     torch.float32: ("f32_linear.cpp", ("avx512f",), ("-mavx512f",), "specbound_native_f32::f32_linear"),
 }
-_NATIVE: dict = {}
+_NATIVE: dict = {}  # dtype -> its loaded operator, or None where it is not offered or failed (tried once)
 
 
 def native_available(dtype: torch.dtype) -> bool:
@@ -162,11 +162,16 @@ def native_available(dtype: torch.dtype) -> bool:
 
     While ``torch.compile`` traces nothing is built; :func:`executor.compiled.compile_model` tries it first.
     """
+    return _native_op(dtype) is not None
+
+
+def _native_op(dtype: torch.dtype):
+    """The native operator for ``dtype`` (built and probed on the first call), or ``None``."""
     if os.environ.get("SPECBOUND_NATIVE", "1") == "0" or dtype not in NATIVE_KERNELS:
-        return False
+        return None
     if dtype not in _NATIVE and not torch.compiler.is_compiling():
-        _NATIVE[dtype] = _cpu_has(NATIVE_KERNELS[dtype][1]) and _load_native(dtype)
-    return bool(_NATIVE.get(dtype, False))
+        _NATIVE[dtype] = _load_native(dtype) if _cpu_has(NATIVE_KERNELS[dtype][1]) else None
+    return _NATIVE.get(dtype)
 
 
 def _cpu_has(flags) -> bool:
@@ -178,15 +183,11 @@ def _cpu_has(flags) -> bool:
     return set(flags) <= set(found)
 
 
-def _native_op(dtype: torch.dtype):
-    namespace, name = NATIVE_KERNELS[dtype][3].split("::")
-    return getattr(getattr(torch.ops, namespace), name)
-
-
-def _load_native(dtype: torch.dtype) -> bool:
+def _load_native(dtype: torch.dtype):
+    """Build (or load from torch's cache) the kernel for ``dtype`` and probe it: its operator, or ``None``."""
     from torch.utils import cpp_extension
 
-    source, _, flags, _ = NATIVE_KERNELS[dtype]
+    source, _, flags, operator_name = NATIVE_KERNELS[dtype]
     path = Path(__file__).with_name("csrc") / source
     label = f"native {str(dtype).removeprefix('torch.')} product"
     # torch looks for ninja on PATH; the ninja wheel puts it next to this interpreter.
@@ -210,14 +211,17 @@ def _load_native(dtype: torch.dtype) -> bool:
         x = torch.randn(3, 70, generator=generator).to(dtype)
         weight = torch.randn(21, 70, generator=generator).to(dtype)
         expected = (x.double() @ weight.double().T).to(dtype)
-        got = _native_op(dtype)(x, _native_copy(weight), weight.shape[0])
-        if not torch.allclose(got, expected, rtol=1e-2, atol=1e-2):
+        namespace, name = operator_name.split("::")
+        operator = getattr(getattr(torch.ops, namespace), name)
+        if not torch.allclose(
+            operator(x, _native_copy(weight), weight.shape[0]), expected, rtol=1e-2, atol=1e-2
+        ):
             raise RuntimeError("its probe product disagrees with float64")
     except Exception as error:  # no source, compiler or ninja, a failed probe: oneDNN's product instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"specbound: the {label} is unavailable ({reason}); using oneDNN", file=sys.stderr)
-        return False
-    return True
+        return None
+    return operator
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -268,8 +272,9 @@ def _native_copy(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if (weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0) and native_available(weight.dtype):
-        return _native_op(weight.dtype)(x, _native_copy(weight), weight.shape[0])
+    operator = _native_op(weight.dtype)
+    if operator is not None and (weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0):
+        return operator(x, _native_copy(weight), weight.shape[0])
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])

@@ -70,9 +70,9 @@ def kernels(weights: list[torch.Tensor]) -> dict:
     if not float32:
         del runs["mkl-packed"]
 
-    if products.native_available(weights[0].dtype):
+    operator = products._native_op(weights[0].dtype)
+    if operator is not None:
         native = [(products._native_copy(w), w) for w in weights]
-        operator = products._native_op(weights[0].dtype)
 
         def run_native(x):
             return [operator(x[:, : w.shape[1]].contiguous(), p, w.shape[0]) for p, w in native]
