@@ -32,16 +32,17 @@ keeps it as one opaque call in the compiled graph (:mod:`executor.compiled`) and
 around it; the operator looks the blocked copy up when it runs, so a compiled graph sees every change of the
 weight too.
 
-**Native bfloat16 product.** On CPUs with AVX512-BF16, bfloat16 packed products run on a small C++ kernel
-(``executor/csrc/bf16_linear.cpp``, the operator ``torch.ops.specbound_native.bf16_linear``) instead of
-oneDNN's: the weight is copied once into the instruction's pair layout (16 output rows × 2 inputs per 64-byte
-load, :func:`_native_copy`), each thread streams its share of it, and VDPBF16PS accumulates 16 outputs at a
-time in float32, each rounded to bfloat16 once. There is no fixed cost of ~20-25 us a call and no horizontal
-sum: SmolLM2's 121 products a token took 7.4 ms against 12.6 on oneDNN's packed weights for one row, 11.4
-against 13.8 for 8 rows (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay
-bitwise independent of how many share a call. It is compiled with ``torch.utils.cpp_extension`` on first use
-(10-30 s once per machine, cached by torch; needs a C++ compiler and ninja) and checked on a probe product;
-where either fails, one line says why and oneDNN runs. ``SPECBOUND_NATIVE=0`` turns it off.
+**Native products.** On CPUs with AVX-512 (float32) or AVX512-BF16 (bfloat16), the packed products run on two
+small C++ kernels instead of oneDNN's (``executor/csrc/f32_linear.cpp`` and ``bf16_linear.cpp``,
+:data:`NATIVE_KERNELS`): the weight is copied once into a layout of 16 output rows per 64-byte load (bfloat16 also
+keeps pairs of inputs together, as VDPBF16PS reads them; :func:`_native_copy`), each thread streams its share of
+it, and one FMA or VDPBF16PS adds to 16 float32 accumulators (bfloat16 outputs rounded once). There is no fixed
+cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token took 7.4 ms in bfloat16 against
+12.6 on oneDNN's packed weights for one row (11.4 against 13.8 for 8 rows), and 16.6 against 23.9 in float32
+(AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
+how many share a call. Each kernel is compiled with ``torch.utils.cpp_extension`` on first use (10-30 s once per
+machine, cached by torch; needs a C++ compiler and ninja) and checked on a probe product; where either fails,
+one line says why and oneDNN runs. ``SPECBOUND_NATIVE=0`` turns them off.
 """
 
 from __future__ import annotations
