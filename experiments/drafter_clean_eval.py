@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from executor.drafters.feature import FeatureDrafter
     from executor.training.corpus import Corpus, default_corpus, documents_read, load_corpus
     from executor.training.features import load_features, prepare_features
-    from executor.training.trainer import chunk_agreement
+    from executor.training.trainer import chunk_agreements
     from executor.weights import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,17 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     directory = prepare_features(target, tokenizer, subset, train_tokens=512, held_out_tokens=args.tokens)
     held = load_features(directory, "held_out")
     resample = np.random.default_rng(0).integers(0, len(held), size=(2000, len(held)))
-    for position in positions:
-        sums = {}
-        with torch.no_grad():
-            for checkpoint in args.checkpoints:
-                head = FeatureDrafter.from_checkpoint(target, checkpoint).head.float().eval()
-                chunks = [chunk_agreement(head, target, held, i, position) for i in range(len(held))]
-                sums[checkpoint.name] = np.array(
-                    [(c["sum_min"], c["tokens"]) for c in chunks], dtype=np.float64
+    sums = {position: {} for position in positions}  # position -> head -> (chunks, [sum_min, tokens])
+    with torch.no_grad():
+        for checkpoint in args.checkpoints:
+            head = FeatureDrafter.from_checkpoint(target, checkpoint).head.float().eval()
+            chunks = [chunk_agreements(head, target, held, i, max(positions)) for i in range(len(held))]
+            for position in positions:
+                sums[position][checkpoint.name] = np.array(
+                    [(c[position - 1]["sum_min"], c[position - 1]["tokens"]) for c in chunks],
+                    dtype=np.float64,
                 )
+    for position in positions:
         print(f"drafted position {position}:")
-        _report(sums, resample)
+        _report(sums[position], resample)
     return 0
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "cached_checkpoints",
     "choose_vocab",
     "chunk_agreement",
+    "chunk_agreements",
     "evaluate_head",
     "feature_loss",
     "ridge_init",
@@ -236,14 +237,22 @@ def ridge_init(
         return r2
 
 
-def chunk_agreement(head: FeatureHead, target, held_out: FeatureSet, index: int, position: int = 1) -> dict:
+def chunk_agreements(head: FeatureHead, target, held_out: FeatureSet, index: int, positions: int = 1) -> list:
     """:func:`~executor.training.loop.agreement_sums` (``top1``, ``sum_min``, ``kl`` summed, and ``tokens``)
-    of the head's drafted ``position`` (1: teacher-forced; 2: from its own first feature) on chunk ``index`` of
-    ``held_out``; call under ``torch.no_grad()``."""
+    of the head's drafted positions ``1..positions`` (1: teacher-forced; 2: from its own first feature, ...) on
+    chunk ``index`` of ``held_out``, from one run of the head and one of the target's LM head; call under
+    ``torch.no_grad()``."""
     inputs, next_tokens, targets = _head_inputs(held_out, torch.tensor([index]))
-    g = _run_head(head, target, inputs, next_tokens, position)[-1][0]
-    p = target_logits(target, targets[0, position - 1 :]).softmax(-1)
-    return agreement_sums(p, head.logits(target, g), head.vocab)
+    p = target_logits(target, targets[0]).softmax(-1)
+    return [
+        agreement_sums(p[j:], head.logits(target, g[0]), head.vocab)
+        for j, g in enumerate(_run_head(head, target, inputs, next_tokens, positions))
+    ]
+
+
+def chunk_agreement(head: FeatureHead, target, held_out: FeatureSet, index: int, position: int = 1) -> dict:
+    """:func:`chunk_agreements` of the drafted ``position`` alone."""
+    return chunk_agreements(head, target, held_out, index, position)[-1]
 
 
 def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: int | None = None) -> dict:
@@ -252,20 +261,20 @@ def evaluate_head(head: FeatureHead, target, held_out: FeatureSet, max_chunks: i
     chunks = len(held_out) if max_chunks is None else min(max_chunks, len(held_out))
     was_training = head.training
     head.eval()
-    figures = {}
+    totals = [{"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0} for _ in range(2)]
     with torch.no_grad():
-        for position, suffix in ((1, ""), (2, "_2")):
-            totals = {"top1": 0.0, "sum_min": 0.0, "kl": 0.0, "tokens": 0}
-            for i in range(chunks):
-                for name, value in chunk_agreement(head, target, held_out, i, position).items():
-                    totals[name] += value
-            tokens = totals.pop("tokens")
-            if position == 1:
-                figures = {name: value / tokens for name, value in totals.items()} | {"tokens": tokens}
-            else:
-                figures |= {f"{name}{suffix}": totals[name] / tokens for name in ("top1", "sum_min")}
+        for i in range(chunks):
+            for total, sums in zip(totals, chunk_agreements(head, target, held_out, i, 2), strict=True):
+                for name, value in sums.items():
+                    total[name] += value
     head.train(was_training)
-    return figures
+    first, second = totals
+    tokens = first.pop("tokens")
+    return (
+        {name: value / tokens for name, value in first.items()}
+        | {"tokens": tokens}
+        | {f"{name}_2": second[name] / second["tokens"] for name in ("top1", "sum_min")}
+    )
 
 
 def start_head(head_class, target, train: FeatureSet, out_dir, config: TrainConfig):
