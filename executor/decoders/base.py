@@ -332,6 +332,10 @@ class Decoder(ABC):
                     state.hidden[: len(prompt) - 1] = out[1][0]
             if self.drafter is not None:
                 self.drafter.start(prompt, slots)
+                # A drafter that reads the prompt does it here, in the prefill, not in the first step.
+                prefill = getattr(self.drafter, "prefill", None)
+                if prefill is not None:
+                    prefill(state)
             prefill_time = time.perf_counter() - start
             while len(generated) < max_new_tokens:
                 step = self.step(state, generator)

@@ -62,6 +62,12 @@ class Drafter(Protocol):
         As written on the command line (``"early-exit:K"``, ``"ngram"``, ``"model:PATH"``).
     deterministic : bool
         ``True`` when the proposals are not samples (one-hot ``q``).
+
+    A drafter with a model of its own may also define ``prefill(state)``: after :meth:`start` and the
+    target's prefill (``state.hidden`` holds the prompt's target features when the drafter
+    ``needs_target_hidden``), it reads the prompt's committed tokens, so that this work counts as the
+    generation's prefill and every step drafts from a caught-up cache. Without it the first step's root
+    pass catches up, with the same result.
     """
 
     name: str

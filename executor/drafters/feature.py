@@ -141,6 +141,23 @@ class FeatureDrafter:
         self.length = 0
         self._features = {}
 
+    def prefill(self, state) -> None:
+        """Read the prompt's committed entries now, as part of the generation's prefill, so that the first
+        step's root pass feeds one entry, as a steady step's does (the last entry stays for it)."""
+        if state.hidden is not None and state.committed - 1 > self.length:
+            self._feed_committed(state, state.committed - 1)
+
+    def _feed_committed(self, state, stop: int) -> torch.Tensor:
+        """Feed the committed entries (h_{s-1}, x_s), s = length + 1 .. stop, from the target's exact features;
+        returns their output features."""
+        slots = torch.arange(self.length, stop)
+        mask = torch.arange(stop) <= slots[:, None]
+        features = self._run(
+            state.hidden[self.length : stop], state.tokens[self.length + 1 : stop + 1], slots, slots + 1, mask
+        )
+        self.length = stop
+        return features
+
     def _run(self, features, tokens, slots, positions, mask) -> torch.Tensor:
         device = self.head.fc.weight.device
         return self.head(
@@ -157,17 +174,7 @@ class FeatureDrafter:
         if committed == 0 or state.hidden is None:
             return None  # no target feature yet (a one-token prompt's first step is plain decoding)
         if nodes == [0]:
-            # Feed the committed entries (h_{s-1}, x_s), s = length + 1 .. L, from the target's exact features.
-            slots = torch.arange(self.length, committed)
-            mask = torch.arange(committed) <= slots[:, None]
-            features = self._run(
-                state.hidden[self.length : committed],
-                state.tokens[self.length + 1 : committed + 1],
-                slots,
-                slots + 1,
-                mask,
-            )
-            self.length = committed
+            features = self._feed_committed(state, committed)
             self._features = {0: features[-1]}
             return self.head.logits(self.target, features[-1:])
         inputs = torch.stack([self._features[tree.parents[v]] for v in nodes])

@@ -71,6 +71,12 @@ class LookupFirstDrafter:
         self.deterministic = False
         self.lookup_steps = self.model_steps = 0
 
+    def prefill(self, state) -> None:
+        """The model drafter's prompt reading (:meth:`executor.decoders.base.Decoder.generate` calls it)."""
+        prefill = getattr(self.model, "prefill", None)
+        if prefill is not None:
+            prefill(state)
+
     def draft_logits(self, state, tree, nodes) -> torch.Tensor | None:
         if nodes == [0]:
             self.lookup.proposal = self.lookup.propose(state.tokens)

@@ -50,6 +50,18 @@ class ModelDrafter:
         self.length = 0
         self._fed = set()
 
+    def prefill(self, state) -> None:
+        """Run the prompt's committed tokens now, as part of the generation's prefill, so that the first step's
+        root pass runs the root alone, as a steady step's does."""
+        committed = state.committed
+        if committed > self.length:
+            device = self.model.tok_embeddings.weight.device
+            self.model(
+                torch.tensor([state.tokens[self.length : committed]], device=device),
+                torch.arange(self.length, committed, device=device),
+            )
+            self.length = committed
+
     def draft_logits(self, state, tree, nodes):
         committed = state.committed
         if nodes == [0]:

@@ -80,7 +80,23 @@ class LayerParallelDrafter:
             layer.attention.allocate_cache(1, cache_slots, like=self.target.tok_embeddings.weight)
         self.length = 0
 
-    def _forward(self, tokens: list[int], slots: torch.Tensor, positions: torch.Tensor, fuzzy: bool):
+    def prefill(self, state) -> None:
+        """The exact pass over the prompt's committed tokens now, as part of the generation's prefill, so that
+        the first step's calibration pass runs the root alone, as a steady step's does."""
+        committed = state.committed
+        if committed > self.length:
+            slots = torch.arange(self.length, committed, device=self.target.tok_embeddings.weight.device)
+            self._forward(state.tokens[self.length : committed], slots, slots, fuzzy=False, logits=False)
+            self.length = committed
+
+    def _forward(
+        self,
+        tokens: list[int],
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        fuzzy: bool,
+        logits: bool = True,
+    ):
         device = self.target.tok_embeddings.weight.device
         mask = torch.arange(int(slots.max()) + 1, device=device) <= slots[:, None]
         cos, sin = self.target._rope(positions)
@@ -97,6 +113,8 @@ class LayerParallelDrafter:
             for i, a in zip(group, attended, strict=True):
                 x = x + a
                 x = x + self.layers[i].feed_forward(self.layers[i].ffn_norm(x))
+        if not logits:
+            return None
         weight = (
             self.target.tok_embeddings.weight if self.target.output is None else self.target.output.weight
         )

@@ -105,12 +105,14 @@ def test_lookup_first_reproduces_the_exact_target_law_of_the_next_three_tokens(t
     assert drafter.lookup_steps > 0  # PROMPT ends in a repeated 2-gram: the lookup drafted
 
 
-def draft_cache_matches_a_fresh_prefill(tiny_model, seed: int, temperature: float) -> bool:
+def draft_cache_matches_a_fresh_prefill(
+    tiny_model, seed: int, temperature: float, max_new_tokens: int = 10
+) -> bool:
     target, draft_model = flat_tiny_model(tiny_model, 3), flat_tiny_model(tiny_model, 4)
     drafter = lookup_first(draft_model)
     decoder = ChainDecoder(target, drafter, gamma=3, sampling=Sampling(temperature=temperature))
     prompt = [*PROMPT, 7, 1, 2]
-    result = decoder.generate(prompt, 10, generator=torch.Generator().manual_seed(seed))
+    result = decoder.generate(prompt, max_new_tokens, generator=torch.Generator().manual_seed(seed))
     text = prompt + [token for step in result.steps for token in step.emitted]
     length = drafter.model.length
     assert length <= len(text)
@@ -125,7 +127,9 @@ def test_model_drafters_cache_after_lookup_steps_equals_a_fresh_prefill(tiny_mod
 
 
 def test_cache_check_catches_a_model_drafter_that_commits_steps_it_did_not_draft(tiny_model, monkeypatch):
-    # Negative control: the commit before this drafter existed claimed every committed token as fed.
+    # Negative control: the commit before this drafter existed claimed every committed token as fed. Since the
+    # model drafter reads the prompt in the prefill, that is wrong only after two lookup steps in a row: longer
+    # generations make them likely.
     def old_commit(self, state, tree, accepted_path):
         kept = 0
         for node in accepted_path:
@@ -136,7 +140,7 @@ def test_cache_check_catches_a_model_drafter_that_commits_steps_it_did_not_draft
         self._fed = set()
 
     monkeypatch.setattr(separate_model_module.ModelDrafter, "commit", old_commit)
-    caught = [not draft_cache_matches_a_fresh_prefill(tiny_model, seed, 1.0) for seed in range(6)]
+    caught = [not draft_cache_matches_a_fresh_prefill(tiny_model, seed, 1.0, 20) for seed in range(6)]
     assert any(caught)
 
 
