@@ -18,9 +18,9 @@ Its results do not depend on how many rows share a call (each output row is bitw
 an n-token verification pass projects exactly as n one-token passes do; they differ from ``F.linear`` by
 summation order only (float round-off, ~1e-6 relative).
 
-The blocked copy of each weight lives in a weak table keyed on the weight tensor itself: made on first use, made
-again when the weight changes in place (its ``Tensor._version``) or its storage is replaced, freed with the
-weight; a deep-copied model packs its own. It costs a second copy of each weight in memory. It is used only
+The blocked copy of each weight lives in a weak table keyed on the weight tensor itself: made on first use (or
+ahead of it by :func:`prepack`), made again when the weight changes in place (its ``Tensor._version``) or its
+storage is replaced, freed with the weight; a deep-copied model packs its own. It costs a second copy of each weight in memory. It is used only
 where it is exact to do so and measured to pay: float32 activations and weights on the CPU, or bfloat16 ones
 where the CPU multiplies bfloat16 natively (:data:`NATIVE_CPU_BF16`; emulated, oneDNN's bfloat16 product costs
 about a matrix-vector product per row, and :func:`linear` upcasts blocks instead), weights of at least
@@ -63,6 +63,7 @@ __all__ = [
     "packed_linear",
     "packing_applies",
     "packing_available",
+    "prepack",
     "product",
 ]
 
@@ -272,9 +273,29 @@ def _native_copy(weight: torch.Tensor) -> torch.Tensor:
     return _cached_copy(_PACKED_NATIVE, weight, pack)
 
 
-def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _native_op_for(weight: torch.Tensor):
+    """The native operator that multiplies by ``weight`` (bfloat16 needs an even width), or ``None``."""
     operator = _native_op(weight.dtype)
-    if operator is not None and (weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0):
+    return operator if weight.dtype != torch.bfloat16 or weight.shape[1] % 2 == 0 else None
+
+
+def prepack(*weights: torch.Tensor) -> None:
+    """Make each weight's packed copy now where inference products by it run packed (:func:`packing_applies`,
+    whatever the grad mode), so that the first product does not pay for the copy: a drafter built for one
+    generation packs its head when it is built, not in the generation's first step."""
+    for weight in weights:
+        with torch.no_grad():
+            if not packing_applies(weight[:1], weight):
+                continue
+        if _native_op_for(weight) is not None:
+            _native_copy(weight)
+        else:
+            _blocked_copy(weight)
+
+
+def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    operator = _native_op_for(weight)
+    if operator is not None:
         return operator(x, _native_copy(weight), weight.shape[0])
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.

@@ -169,7 +169,7 @@ class ExitDrafter:
         self.target = target
         self.head = head.to(weight.device, weight.dtype).requires_grad_(False).eval()
         self.head.vocab = self.head.vocab.long()
-        self.head.freeze_vocab_weight(target)
+        self.head.freeze_for_drafting(target)
         self.exit_layer = head.layer
         self.name = name or head.kind
         self.card = card

@@ -113,7 +113,7 @@ class FeatureDrafter:
         self.target = target
         self.head = head.to(weight.device, weight.dtype).requires_grad_(False).eval()
         self.head.vocab = self.head.vocab.long()
-        self.head.freeze_vocab_weight(target)
+        self.head.freeze_for_drafting(target)
         self.name = name
         self.card = card
         self.length = 0  # head slots [0, length) hold the entries of committed tokens 1 .. length

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.products import packed_linear, packing_applies
+from executor.model import Linear
+from executor.products import packed_linear, packing_applies, prepack
 
 __all__ = ["DraftVocabulary", "lm_head_weight"]
 
@@ -43,7 +44,7 @@ class DraftVocabulary(nn.Module):
         head (:meth:`executor.model.Transformer.lm_head`; measured faster than the float rows in
         ``docs/benchmarks/int8.md``); otherwise, for a reduced vocabulary, and when gradients flow (training, online
         distillation: the int8 kernel has no derivative), through the float rows; frozen reduced rows
-        (:meth:`freeze_vocab_weight`) and the full head go through oneDNN's blocked copy where it applies
+        (:meth:`freeze_for_drafting`) and the full head go through oneDNN's blocked copy where it applies
         (:mod:`executor.products`).
         """
         weight = lm_head_weight(target)
@@ -63,7 +64,11 @@ class DraftVocabulary(nn.Module):
         out[..., self.vocab] = logits
         return out
 
-    def freeze_vocab_weight(self, target) -> None:
-        """Keep the reduced LM head rows in a contiguous tensor (drafting speed; not saved)."""
+    def freeze_for_drafting(self, target) -> None:
+        """Keep the reduced LM head rows in a contiguous tensor, and make the packed copy of every product's
+        weight now (:func:`executor.products.prepack`), so that a generation's first step does not pay for it
+        (drafting speed; not saved)."""
         if self.reduced:
             self._weight_cache = lm_head_weight(target)[self.vocab].contiguous()
+            prepack(self._weight_cache)
+        prepack(*(module.weight for module in self.modules() if isinstance(module, Linear)))

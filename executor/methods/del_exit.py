@@ -49,7 +49,7 @@ def cached_exit_heads(target, layers=None) -> dict:
             weight = target.tok_embeddings.weight
             head = load_exit_head(target, found[0], f"exit:{layer}")[0]
             heads[layer] = head.to(weight.device, weight.dtype).requires_grad_(False).eval()
-            heads[layer].freeze_vocab_weight(target)
+            heads[layer].freeze_for_drafting(target)
     return heads
 
 

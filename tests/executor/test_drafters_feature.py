@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from executor import products
 from executor.decoders import (
     AutoregressiveDecoder,
     ChainDecoder,
@@ -18,6 +19,7 @@ from executor.decoders import (
 )
 from executor.decoders import chain as chain_module
 from executor.drafters import FeatureDrafter, FeatureHead, parse_drafter
+from executor.model import Linear
 from tests.executor.test_decoders import (
     P_THRESHOLD,
     PROMPT,
@@ -247,3 +249,14 @@ def test_the_default_is_the_trained_head_when_cached_and_the_fallback_otherwise(
         directory, random_head(target, 3).state_dict(), {"kind": "feature", "target": fingerprint}
     )
     assert parse_module.trained_default_drafter(target, "early-exit:1") == "feature"
+
+
+@pytest.mark.skipif(not products.packing_available(), reason="this torch build has no oneDNN")
+def test_building_the_drafter_packs_its_head_before_the_first_step(tiny_model, monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 16)  # the tiny model's weights count as large
+    target = tiny_model(21, vocab_size=16, max_seq_len=64)
+    drafter = drafter_for(target, vocab=[0, 1, 2, 3, 5, 8, 13])
+    table = products._PACKED_NATIVE if products.native_available(torch.float32) else products._PACKED
+    weights = [module.weight for module in drafter.head.modules() if isinstance(module, Linear)]
+    assert weights and all(weight in table for weight in weights)
+    assert drafter.head._weight_cache in table  # the reduced vocabulary's LM head rows

@@ -257,3 +257,25 @@ def test_packed_products_run_on_the_native_kernel_and_follow_their_weight(dtype)
 def test_the_native_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("SPECBOUND_NATIVE", "0")
     assert not products.native_available(torch.bfloat16) and not products.native_available(torch.float32)
+
+
+@needs_onednn
+def test_prepack_makes_the_copy_the_first_product_then_uses(monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 16)
+    weight = torch.nn.Parameter(torch.randn(32, 16))  # requires grad: prepacking ignores the grad mode
+    small = torch.randn(2, 4)
+    products.prepack(weight, small)
+    table = float32_copies()
+    assert weight in table and small not in table  # a weight below MIN_PACKED_ELEMENTS is never packed
+    made = table[weight][2]
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+    assert table[weight][2] is made  # the first product found the copy and made no other
+
+
+def test_prepack_packs_nothing_where_products_do_not_run_packed(monkeypatch):
+    monkeypatch.setenv("SPECBOUND_PACKED", "0")
+    weight = torch.randn(1024, 512)
+    products.prepack(weight)
+    assert weight not in products._PACKED and weight not in products._PACKED_NATIVE
