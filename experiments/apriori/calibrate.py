@@ -275,10 +275,13 @@ def measure_latency(
     after a rejected draft), and the draft pass is the mean of the two calls a chain step makes, the root's
     (which catches up on the committed token) and one child's.
 
-    Every size and the drafter are timed once per round, in turn (round-robin), so that a change of machine
-    load hits all of them alike; the first round warms up and is dropped. ``repeats`` rounds: on SmolLM2 here
-    the ratios t(n) / t(1) of three profiles moved by up to 0.28 between runs with 5 rounds, and by at most
-    0.07 between two with 15 (about 18 s for n = 1..12).
+    Every size and the drafter are timed once per round, in turn (round-robin), each right after a pass over
+    one token: ``t(n)`` is the median of ``t(1)`` times the median ratio of each pair. The machine's speed
+    drifts by 10-30% over seconds (docs/validate.md), which the ratio of two passes milliseconds apart
+    cancels: with one median per size, a profile measured in a slow spell had t(3) = 30.8 ms > t(5) = 26.7 ms.
+    The first round warms up and is dropped. ``repeats`` rounds: on SmolLM2 here the ratios t(n) / t(1) of
+    three profiles moved by up to 0.28 between runs with 5 rounds, and by at most 0.07 between two with 15
+    (about 18 s for n = 1..12).
 
     ``t(n)`` is the target's forward pass alone and the draft pass the drafter's ``draft_logits`` call alone,
     exactly what the run's clocks time (:class:`~experiments.apriori.run.StepClock`, :class:`RecordingDrafter`):
@@ -315,17 +318,25 @@ def measure_latency(
             state.hidden[:context] = out[1][0]
         draft.start(prompt, slots)
         draft.draft_logits(state, DraftTree(prompt[-1]), [0])  # feeds the whole context: not a steady step
+
+        def target_pass(n: int) -> float:
+            tree = DraftTree(1)
+            for child in range(n - 1):
+                tree.add_child(0, child + 2)
+            with _ForwardClock(model) as clock:
+                sampling.probs(run_tree(model, tree, list(range(n)), state.committed))
+            return clock.seconds
+
+        one: list[float] = []  # every pass over one token, and each timed item's ratio to the one before it
         for _ in range(rounds):
-            for n in sizes:
-                tree = DraftTree(1)
-                for child in range(n - 1):
-                    tree.add_child(0, child + 2)
-                with _ForwardClock(model) as clock:
-                    sampling.probs(run_tree(model, tree, list(range(n)), state.committed))
-                samples[n].append(clock.seconds)
-            samples["draft"].append(_draft_step(draft, state, sampling))
-    table = {n: float(np.median(samples[n][1:])) for n in sizes}
-    return LatencyProfile(table, float(np.median(samples["draft"][1:])), "measured in the run (interleaved)")
+            for n in [*sizes, "draft"]:
+                one.append(target_pass(1))
+                seconds = _draft_step(draft, state, sampling) if n == "draft" else target_pass(n)
+                samples[n].append(seconds / one[-1])
+    scale = float(np.median(one[len(one) // rounds :]))  # the first round warms up
+    table = {n: scale * float(np.median(samples[n][1:])) for n in sizes}
+    draft_time = scale * float(np.median(samples["draft"][1:]))
+    return LatencyProfile(table, draft_time, "measured in the run (interleaved)")
 
 
 def _draft_step(draft, state, sampling) -> float:

@@ -323,6 +323,38 @@ def test_latency_profile_times_what_the_run_clocks_time_so_overhead_is_not_count
     assert model.forward is slow_forward  # the profile's clock is gone, the model's forward is back
 
 
+def test_latency_ratios_survive_a_drift_of_the_machines_speed(monkeypatch):
+    # The machine slows by 1% of its first speed with every forward pass (2.6x over the profile). A size timed
+    # right after a one-token pass sees nearly its speed; one median per size, each taken at its own place in
+    # the round, gave t(12) / t(1) ~10% too high (the gap of 11 passes between them).
+    import importlib
+
+    from experiments.apriori.calibrate import measure_latency
+
+    module = importlib.import_module("experiments.apriori.calibrate")
+    from tests.executor.test_drafters_feature import drafter_for
+
+    clock = FakeClock()
+    monkeypatch.setattr(module, "time", clock)
+    model = build_tiny_model(seed=1, vocab_size=16, n_layers=2, max_seq_len=64)
+    own_forward = model.forward
+    passes = [0]
+
+    def drifting_forward(tokens, *args, **kwargs):
+        passes[0] += 1
+        clock.now += (1.0 + 0.1 * tokens.shape[-1]) * (1.0 + 0.01 * passes[0])
+        return own_forward(tokens, *args, **kwargs)
+
+    model.forward = drifting_forward
+    sizes = list(range(1, 13))
+    latency = measure_latency(
+        model, SlowDrafter(drafter_for(model), clock, 0.5), sizes, temperature=1.0, context=16, repeats=5
+    )
+    for n in sizes:
+        true_ratio = (1.0 + 0.1 * n) / 1.1
+        assert latency.target_time[n] / latency.target_time[1] == pytest.approx(true_ratio, rel=0.01), n
+
+
 def test_shallow_profile_averages_the_root_events_only():
     records = [
         {
