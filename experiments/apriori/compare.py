@@ -3,9 +3,10 @@
 The unit of resampling is the prompt (Efron's percentile bootstrap over the evaluation prompts): tokens per
 step is the ratio of summed tokens to summed steps, acceptance at position ``i`` the ratio of steps whose
 accepted path reached depth ``i + 1`` to steps that drafted, and the speedup the ratio of a configuration's
-tokens per second to plain decoding's on the *same* resampled prompts (paired). A run has few prompts (4 per
-half by default), where a plain percentile interval is too narrow: the intervals are *expanded*
-(:func:`expand`), so that a 95% interval covers at about 95%.
+tokens per second to plain decoding's on the *same* resampled prompts (paired; each unit against the plain
+decoding runs that bracketed it in time). A run has few prompts (4 per half by default), where a plain
+percentile interval is too narrow: the intervals are *expanded* (:func:`expand`), so that a 95% interval covers
+at about 95%.
 
 When an a-priori prediction falls outside its interval, :func:`diagnose` splits the gap
 ``predicted − measured`` into the parts each assumption of the prediction is responsible for:

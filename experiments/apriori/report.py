@@ -61,6 +61,15 @@ def _replay(units: list[dict]) -> tuple[float, float]:
     return 1.0 + float(replay.sum()) / steps, z
 
 
+def baseline_of(unit: dict, ar_unit: dict) -> dict:
+    """The plain decoding a unit's speedup is measured against: the runs that bracketed it (tokens, steps and
+    seconds summed), or, for a unit recorded without them, the prompt's plain-decoding unit."""
+    references = unit.get("reference")
+    if not references:
+        return ar_unit
+    return {key: sum(r[key] for r in references) for key in ("tokens", "steps", "seconds")}
+
+
 def evaluate_rows(
     temperature: float,
     cal: Calibration,
@@ -72,7 +81,8 @@ def evaluate_rows(
     resampled: list[Calibration] = (),
 ) -> list[dict]:
     """Rows of ``results.json`` for one temperature: prediction from ``cal``, measurement from ``eval_units``
-    (label -> unit records, plain decoding under ``"ar"``), paired by prompt.
+    (label -> unit records, plain decoding under ``"ar"``), paired by prompt: each unit's speedup is measured
+    against the plain-decoding runs that bracketed it (:func:`baseline_of`).
 
     ``resampled`` are calibrations of bootstrap resamples of the calibration prompts
     (:func:`calibration_resamples`): their predictions give ``predicted_tau_ci`` / ``predicted_speedup_ci``
@@ -87,7 +97,7 @@ def evaluate_rows(
         units = [u for u in eval_units.get(decoder.label, []) if u["prompt"] in ar_units]
         if not units:
             continue
-        ar = [ar_units[u["prompt"]] for u in units]
+        ar = [baseline_of(u, ar_units[u["prompt"]]) for u in units]
         prediction = predict(decoder, cal)
         tokens = np.array([u["tokens"] for u in units], dtype=np.float64)
         steps = np.array([u["steps"] for u in units], dtype=np.float64)

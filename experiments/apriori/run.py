@@ -269,6 +269,15 @@ class StepClock:
             self.model.forward = self._own_forward
 
 
+#: Plain decoding, as run around every evaluation unit for its baseline.
+PLAIN = DecoderConfig("ar", "ar")
+
+
+def reference_summary(record: dict) -> dict:
+    """What a plain-decoding run around an evaluation unit keeps: its tokens, steps and decode seconds."""
+    return {key: record[key] for key in ("tokens", "steps", "seconds")}
+
+
 def overhead_per_step(units: list[dict]) -> float:
     """Seconds per step beyond the target and draft passes, pooled over ``units`` (0 for units measured
     before the clock existed)."""
@@ -471,16 +480,22 @@ def run_apriori(
         plans[t] = (cal, decoders)
 
     # 4. Run every configuration on the evaluation half, prompt by prompt and, within a prompt, temperature by
-    # temperature: a drift of the machine's speed then hits every configuration and both temperatures alike.
+    # temperature. Each unit is bracketed by plain decoding of the same prompt (one run between two units serves
+    # both), whose speed is that unit's baseline: this machine's speed drifts by 10-30% over seconds
+    # (docs/validate.md), so a baseline timed once per prompt misjudged a unit measured seconds later.
     jobs = [(t, i, d) for i in evaluation_half for t in config.temperatures for d in plans[t][1]]
+    previous = None  # (temperature, prompt, summary) of the plain-decoding run that ended last
     for t, index, decoder in bar(jobs, desc="evaluate"):
         path = out / "units" / f"eval-{_tag(t)}--{decoder.label}--{index:03d}.json"
         log_path = None
         if log_out is not None and decoder.kind != "ar":
             log_path = Path(log_out) / f"{_tag(t)}--{decoder.label}--{index:03d}.npz"
         if path.exists() and (log_path is None or log_path.exists()):
+            previous = None  # a resumed run: the next unit's bracket starts afresh
             continue
         grid = ((decoder.verifier, decoder.n),) if decoder.kind == "multidraft" else ()
+        if previous is None or previous[:2] != (t, index):
+            previous = (t, index, reference_summary(generate(PLAIN, t, index, 1000)))
         record = generate(
             decoder,
             t,
@@ -491,8 +506,10 @@ def run_apriori(
             log_path=log_path,
             log_top_k=log_top_k,
         )
+        after = reference_summary(generate(PLAIN, t, index, 1000))
         if not path.exists():
-            _write_json({"prompt": index, **record}, path)
+            _write_json({"prompt": index, **record, "reference": [previous[2], after]}, path)
+        previous = (t, index, after)
     return build_report(config, out, drafter, drafter_note=drafter_note)
 
 

@@ -292,3 +292,64 @@ def test_depth_one_configurations_are_predicted_from_the_one_draft_chains(tiny_r
     for decoder in decoders:
         moved = predict(decoder, before).tau != predict(decoder, after).tau
         assert moved == (depths[decoder.label] == 1), decoder.label
+
+
+def test_every_evaluation_unit_is_bracketed_by_plain_decoding_of_its_prompt(tiny_run, tmp_path):
+    import experiments.apriori.run as run
+
+    _, patch = tiny_run
+    calls = []
+    real = run.run_generation
+
+    def recording(decoder, model, prompt, **kwargs):
+        calls.append((kwargs["seed"], kwargs["temperature"], decoder.label))
+        return real(decoder, model, prompt, **kwargs)
+
+    patch.setattr(run, "run_generation", recording)
+    out = tmp_path / "run"
+    try:
+        assert main([*ARGS, "--out", str(out)]) == 0
+    finally:
+        patch.setattr(run, "run_generation", real)
+    evaluation = [call for call in calls if 1000 <= call[0] < 2000]
+    configurations = [i for i, call in enumerate(evaluation) if call[2] != "ar"]
+    assert configurations
+    for i in configurations:  # the same prompt and temperature, plain decoding, just before and just after
+        assert evaluation[i - 1] == evaluation[i + 1] == (*evaluation[i][:2], "ar")
+    # The run after one unit is the run before the next: its summary is stored in both.
+    for t in ("T0", "T1"):
+        decoders = [
+            d["config"]["label"] for d in json.loads((out / f"predictions-{t}.json").read_text())["decoders"]
+        ]
+        for prompt in {
+            json.loads(p.read_text())["prompt"] for p in (out / "units").glob(f"eval-{t}--ar--*.json")
+        }:
+            units = [
+                json.loads((out / "units" / f"eval-{t}--{d}--{prompt:03d}.json").read_text())
+                for d in decoders
+            ]
+            for before, after in zip(units, units[1:], strict=False):
+                assert before["reference"][1] == after["reference"][0]
+
+
+def test_speedups_are_measured_against_the_bracketing_runs(tiny_run, tmp_path):
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    config = stored_config(out)
+    first = {(r["decoder"], r["temperature"]): r for r in build_report(config, out, "early-exit:5")["rows"]}
+    for path in (out / "units").glob("eval-*--ar--*.json"):  # the plain-decoding units no longer count
+        unit = json.loads(path.read_text())
+        unit["seconds"] *= 3
+        path.write_text(json.dumps(unit))
+    for path in (out / "units").glob("eval-T1--*.json"):  # T = 1 units' bracketing runs twice as slow
+        unit = json.loads(path.read_text())
+        for reference in unit["reference"]:
+            reference["seconds"] *= 2
+        path.write_text(json.dumps(unit))
+    second = {(r["decoder"], r["temperature"]): r for r in build_report(config, out, "early-exit:5")["rows"]}
+    for key, row in first.items():
+        if row["prediction"] != "a-priori" or key[0] == "ar":
+            continue
+        factor = 2.0 if key[1] == 1.0 else 1.0
+        assert second[key]["speedup_vs_ar"] == pytest.approx(factor * row["speedup_vs_ar"], rel=1e-9), key
