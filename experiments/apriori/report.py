@@ -382,6 +382,10 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         "of measured − predicted with both halves resampled (evaluation prompts for the measurement, "
         "calibration prompts for the prediction, whose own interval is the *cal. CI*).",
         "",
+        "*measured speedup*: tokens/s against plain decoding of the same prompt run just before and just after "
+        "each unit (the machine's speed drifts over seconds); the `ar` row is plain decoding against its own "
+        "brackets, the measurement's noise.",
+        "",
         "| decoder | T | a-priori τ [cal. CI] | measured τ [95% CI] | in CI | in joint CI | replay τ | replay z "
         "| predicted speedup [cal. CI] | measured speedup [95% CI] | within 10% | tokens/s |",
         "|---|---:|---|---|:-:|:-:|---:|---:|---|---|:-:|---:|",
