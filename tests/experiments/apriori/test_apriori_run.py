@@ -196,10 +196,9 @@ def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
         build_report(config, out, "early-exit:5")
 
 
-def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, tmp_path):
-    """A drift of the machine's speed must hit both temperatures alike: the overhead runs alternate between
-    the temperatures configuration by configuration, and the evaluation runs go prompt by prompt, both
-    temperatures within each prompt (before, every T = 0 unit ran before every T = 1 unit)."""
+def recorded_generations(tiny_run, out) -> list[tuple]:
+    """Run the quick validation into ``out`` and return ``(seed, temperature, decoder label)`` of every generation,
+    in the order they ran."""
     import experiments.apriori.run as run
 
     _, patch = tiny_run
@@ -212,9 +211,17 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
 
     patch.setattr(run, "run_generation", recording)
     try:
-        assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
+        assert main([*ARGS, "--out", str(out)]) == 0
     finally:
         patch.setattr(run, "run_generation", real)
+    return calls
+
+
+def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, tmp_path):
+    """A drift of the machine's speed must hit both temperatures alike: the overhead runs alternate between
+    the temperatures configuration by configuration, and the evaluation runs go prompt by prompt, both
+    temperatures within each prompt (before, every T = 0 unit ran before every T = 1 unit)."""
+    calls = recorded_generations(tiny_run, tmp_path / "run")
     calls = [call for call in calls if not call[2].startswith("calibration")]
     overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
     evaluation = [(seed - 1000, t) for seed, t, _ in calls if 1000 <= seed < 2000]
@@ -295,22 +302,8 @@ def test_depth_one_configurations_are_predicted_from_the_one_draft_chains(tiny_r
 
 
 def test_every_evaluation_unit_is_bracketed_by_plain_decoding_of_its_prompt(tiny_run, tmp_path):
-    import experiments.apriori.run as run
-
-    _, patch = tiny_run
-    calls = []
-    real = run.run_generation
-
-    def recording(decoder, model, prompt, **kwargs):
-        calls.append((kwargs["seed"], kwargs["temperature"], decoder.label))
-        return real(decoder, model, prompt, **kwargs)
-
-    patch.setattr(run, "run_generation", recording)
     out = tmp_path / "run"
-    try:
-        assert main([*ARGS, "--out", str(out)]) == 0
-    finally:
-        patch.setattr(run, "run_generation", real)
+    calls = recorded_generations(tiny_run, out)
     evaluation = [call for call in calls if 1000 <= call[0] < 2000]
     configurations = [i for i, call in enumerate(evaluation) if call[2] != "ar"]
     assert configurations
