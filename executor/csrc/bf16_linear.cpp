@@ -16,37 +16,55 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace {
 
-// G blocks of 16 rows share each pass over k; MB activation rows per pass (MB * G accumulators).
-template <int G, int MB>
+// G blocks of 16 rows share each pass over k, for C activation rows (C * G accumulators). C is a template
+// argument so that the loops over rows unroll and the accumulators stay in registers: with a run-time count
+// and one 8-row kernel, 8 rows cost 11.3 ms over SmolLM2's 121 products against 9.7 with exact counts.
+template <int G, int C>
 void group(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat16* y, int64_t pairs, int64_t K,
-           int64_t N, int64_t b0, int64_t blocks, int64_t m0, int count) {
-  __m512 acc[MB][G];
-  for (int m = 0; m < MB; ++m)
+           int64_t N, int64_t b0, int64_t blocks, int64_t m0) {
+  __m512 acc[C][G];
+  for (int m = 0; m < C; ++m)
     for (int g = 0; g < G; ++g) acc[m][g] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh weights[G];
     for (int g = 0; g < G; ++g)
       weights[g] = (b0 + g < blocks) ? (__m512bh)_mm512_loadu_si512(packed + ((b0 + g) * pairs + p) * 32)
                                      : (__m512bh)_mm512_setzero_si512();
-    for (int m = 0; m < MB; ++m) {
-      if (m >= count) break;
+    for (int m = 0; m < C; ++m) {
       int32_t pair;
       std::memcpy(&pair, x + (m0 + m) * K + 2 * p, sizeof(pair));
       const __m512bh xs = (__m512bh)_mm512_set1_epi32(pair);
       for (int g = 0; g < G; ++g) acc[m][g] = _mm512_dpbf16_ps(acc[m][g], weights[g], xs);
     }
   }
-  for (int m = 0; m < count; ++m)
+  for (int m = 0; m < C; ++m)
     for (int g = 0; g < G; ++g) {
       const int64_t n0 = (b0 + g) * 16;
       if (n0 >= N) break;
       const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
       _mm256_mask_storeu_epi16(y + (m0 + m) * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(acc[m][g]));
     }
+}
+
+// Blocks b0 .. b0 + G - 1 for the `count` (1-8) rows from m0.
+template <int G>
+void row_chunk(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat16* y, int64_t pairs, int64_t K, int64_t N,
+          int64_t b0, int64_t blocks, int64_t m0, int64_t count) {
+  switch (count) {
+    case 1: return group<G, 1>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 2: return group<G, 2>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 3: return group<G, 3>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 4: return group<G, 4>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 5: return group<G, 5>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 6: return group<G, 6>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    case 7: return group<G, 7>(packed, x, y, pairs, K, N, b0, blocks, m0);
+    default: return group<G, 8>(packed, x, y, pairs, K, N, b0, blocks, m0);
+  }
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
@@ -63,19 +81,15 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   const auto* wp = packed.data_ptr<at::BFloat16>();
   const auto* xp = rows.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
-  if (M == 1) {
-    constexpr int G = 4;
-    at::parallel_for(0, (blocks + G - 1) / G, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) group<G, 1>(wp, xp, yp, pairs, K, N, i * G, blocks, 0, 1);
-    });
-  } else {
-    constexpr int G = 2, MB = 8;
-    at::parallel_for(0, (blocks + G - 1) / G, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        for (int64_t m0 = 0; m0 < M; m0 += MB)
-          group<G, MB>(wp, xp, yp, pairs, K, N, i * G, blocks, m0, static_cast<int>(std::min<int64_t>(MB, M - m0)));
-    });
-  }
+  // Four blocks per pass (measured best from 1 to 16 rows); rows in balanced chunks of at most 8, each chunk one
+  // pass over the weights.
+  constexpr int G = 4;
+  const int64_t chunks = std::max<int64_t>((M + 7) / 8, 1), per = (M + chunks - 1) / chunks;
+  at::parallel_for(0, (blocks + G - 1) / G, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      for (int64_t m0 = 0; m0 < M; m0 += per)
+        row_chunk<G>(wp, xp, yp, pairs, K, N, i * G, blocks, m0, std::min(per, M - m0));
+  });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;
   return y.view(shape);
