@@ -197,7 +197,10 @@ def _load_native(dtype: torch.dtype):
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     try:
-        name = f"specbound_{path.stem}_" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        # The build is cached under a name that changes with the kernel's source and the headers it includes.
+        parts = [path, *sorted(path.parent.glob("*.h"))]
+        digest = hashlib.sha256(b"".join(part.read_bytes() for part in parts)).hexdigest()[:12]
+        name = f"specbound_{path.stem}_{digest}"
         if not Path(cpp_extension._get_build_directory(name, verbose=False), f"{name}.so").is_file():
             print(f"specbound: building the {label} (once per machine, ~30 s)", file=sys.stderr)
         cpp_extension.load(

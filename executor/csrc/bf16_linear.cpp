@@ -16,14 +16,13 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstring>
+
+#include "row_chunks.h"
 
 namespace {
 
-// G blocks of 16 rows share each pass over k, for C activation rows (C * G accumulators). C is a template
-// argument so that the loops over rows unroll and the accumulators stay in registers: with a run-time count
-// and one 8-row kernel, 8 rows cost 11.3 ms over SmolLM2's 121 products against 9.7 with exact counts.
+// G blocks of 16 rows share each pass over k, for C activation rows (C * G accumulators; row_chunks.h).
 template <int G, int C>
 void group(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat16* y, int64_t pairs, int64_t K,
            int64_t N, int64_t b0, int64_t blocks, int64_t m0) {
@@ -51,22 +50,6 @@ void group(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat16* y, i
     }
 }
 
-// Blocks b0 .. b0 + G - 1 for the `count` (1-8) rows from m0.
-template <int G>
-void row_chunk(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat16* y, int64_t pairs, int64_t K, int64_t N,
-          int64_t b0, int64_t blocks, int64_t m0, int64_t count) {
-  switch (count) {
-    case 1: return group<G, 1>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 2: return group<G, 2>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 3: return group<G, 3>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 4: return group<G, 4>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 5: return group<G, 5>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 6: return group<G, 6>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    case 7: return group<G, 7>(packed, x, y, pairs, K, N, b0, blocks, m0);
-    default: return group<G, 8>(packed, x, y, pairs, K, N, b0, blocks, m0);
-  }
-}
-
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
               "bf16_linear: x and the packed weight must be bfloat16");
@@ -81,14 +64,9 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   const auto* wp = packed.data_ptr<at::BFloat16>();
   const auto* xp = rows.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
-  // Four blocks per pass (measured best from 1 to 16 rows); rows in balanced chunks of at most 8, each chunk one
-  // pass over the weights.
   constexpr int G = 4;
-  const int64_t chunks = std::max<int64_t>((M + 7) / 8, 1), per = (M + chunks - 1) / chunks;
-  at::parallel_for(0, (blocks + G - 1) / G, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      for (int64_t m0 = 0; m0 < M; m0 += per)
-        row_chunk<G>(wp, xp, yp, pairs, K, N, i * G, blocks, m0, std::min(per, M - m0));
+  specbound_native::for_each_group<G>(blocks, M, [&](int64_t b0, int64_t m0, auto count) {
+    group<G, decltype(count)::value>(wp, xp, yp, pairs, K, N, b0, blocks, m0);
   });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;

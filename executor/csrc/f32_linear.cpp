@@ -10,26 +10,27 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "row_chunks.h"
+
 namespace {
 
-// G blocks of 16 rows share each pass over k; MB activation rows per pass (MB * G accumulators).
-template <int G, int MB>
+// G blocks of 16 rows share each pass over k, for C activation rows (C * G accumulators; row_chunks.h).
+template <int G, int C>
 void group(const float* packed, const float* x, float* y, int64_t K, int64_t N, int64_t b0, int64_t blocks,
-           int64_t m0, int count) {
-  __m512 acc[MB][G];
-  for (int m = 0; m < MB; ++m)
+           int64_t m0) {
+  __m512 acc[C][G];
+  for (int m = 0; m < C; ++m)
     for (int g = 0; g < G; ++g) acc[m][g] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m512 weights[G];
     for (int g = 0; g < G; ++g)
       weights[g] = (b0 + g < blocks) ? _mm512_loadu_ps(packed + ((b0 + g) * K + k) * 16) : _mm512_setzero_ps();
-    for (int m = 0; m < MB; ++m) {
-      if (m >= count) break;
+    for (int m = 0; m < C; ++m) {
       const __m512 xs = _mm512_set1_ps(x[(m0 + m) * K + k]);
       for (int g = 0; g < G; ++g) acc[m][g] = _mm512_fmadd_ps(weights[g], xs, acc[m][g]);
     }
   }
-  for (int m = 0; m < count; ++m)
+  for (int m = 0; m < C; ++m)
     for (int g = 0; g < G; ++g) {
       const int64_t n0 = (b0 + g) * 16;
       if (n0 >= N) break;
@@ -52,19 +53,10 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out
   const float* wp = packed.data_ptr<float>();
   const float* xp = rows.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (M == 1) {
-    constexpr int G = 4;
-    at::parallel_for(0, (blocks + G - 1) / G, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) group<G, 1>(wp, xp, yp, K, N, i * G, blocks, 0, 1);
-    });
-  } else {
-    constexpr int G = 4, MB = 4;
-    at::parallel_for(0, (blocks + G - 1) / G, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        for (int64_t m0 = 0; m0 < M; m0 += MB)
-          group<G, MB>(wp, xp, yp, K, N, i * G, blocks, m0, static_cast<int>(std::min<int64_t>(MB, M - m0)));
-    });
-  }
+  constexpr int G = 4;
+  specbound_native::for_each_group<G>(blocks, M, [&](int64_t b0, int64_t m0, auto count) {
+    group<G, decltype(count)::value>(wp, xp, yp, K, N, b0, blocks, m0);
+  });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;
   return y.view(shape);
