@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.theory.test_multidraft import TOL, brute_force, law_of, positive_support
@@ -426,13 +426,19 @@ def test_exact_two_draft_formula_with_dust_matches_enumeration():
     st.floats(0.0, 0.95),
     st.integers(2, 4),
 )
+# Found by hypothesis: two tokens, three drafts, the smallest dust. After both tokens the third arrival is dust
+# with probability 1, so the whole vocabulary's prefix holds the three arrivals with probability 1.
+@example(q=np.array([0.5, 0.5]), dust=5e-324, n=3)
 def test_quadrature_with_dust_matches_enumeration_for_any_rate(q, dust, n):
     q = q * (1.0 - dust)
     outside = suffix_sums(q)
     if np.any((outside > 0) & (outside < 1e-300)) or (dust == 0 and positive_support(q) < n):
         return  # the quadrature's documented domain
     quadrature = wor_prefix_inclusion(q[None], outside[None], n, dust=np.array([dust]))[0]
-    np.testing.assert_allclose(quadrature, exact_dust_prefix_inclusion(q, dust, n), atol=1e-11, rtol=0)
+    # The oracle in rationals: in floats a subnormal dust underflows (0.5 * 5e-324 / 5e-324 is 0, not 0.5), and
+    # the enumeration said 0 where every arrival after the last token must be dust (probability 1).
+    expected = exact_dust_prefix_inclusion(q, dust, n, exact=True)
+    np.testing.assert_allclose(quadrature, expected, atol=1e-11, rtol=0)
 
 
 def test_dust_comparison_can_fail():
