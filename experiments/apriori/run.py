@@ -498,7 +498,9 @@ def run_apriori(
             previous = None  # a resumed run: the next unit's bracket starts afresh
             continue
         grid = ((decoder.verifier, decoder.n),) if decoder.kind == "multidraft" else ()
-        if previous is None or previous[:2] != (t, index):
+        # An existing unit runs again for its missing log only: its measurement stays, and needs no brackets.
+        measure = not path.exists()
+        if measure and (previous is None or previous[:2] != (t, index)):
             previous = (t, index, reference_summary(generate(PLAIN, t, index, 1000)))
         record = generate(
             decoder,
@@ -510,9 +512,11 @@ def run_apriori(
             log_path=log_path,
             log_top_k=log_top_k,
         )
+        if not measure:
+            previous = None
+            continue
         after = reference_summary(generate(PLAIN, t, index, 1000))
-        if not path.exists():
-            _write_json({"prompt": index, **record, "reference": [previous[2], after]}, path)
+        _write_json({"prompt": index, **record, "reference": [previous[2], after]}, path)
         previous = (t, index, after)
     return build_report(config, out, drafter, drafter_note=drafter_note)
 

@@ -196,9 +196,9 @@ def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
         build_report(config, out, "early-exit:5")
 
 
-def recorded_generations(tiny_run, out) -> list[tuple]:
-    """Run the quick validation into ``out`` and return ``(seed, temperature, decoder label)`` of every generation,
-    in the order they ran."""
+def recorded_generations(tiny_run, out, *options: str) -> list[tuple]:
+    """Run the quick validation into ``out`` (with command-line ``options``) and return ``(seed, temperature,
+    decoder label)`` of every generation, in the order they ran."""
     import experiments.apriori.run as run
 
     _, patch = tiny_run
@@ -211,7 +211,7 @@ def recorded_generations(tiny_run, out) -> list[tuple]:
 
     patch.setattr(run, "run_generation", recording)
     try:
-        assert main([*ARGS, "--out", str(out)]) == 0
+        assert main([*ARGS, "--out", str(out), *options]) == 0
     finally:
         patch.setattr(run, "run_generation", real)
     return calls
@@ -346,3 +346,17 @@ def test_speedups_are_measured_against_the_bracketing_runs(tiny_run, tmp_path):
             continue
         factor = 2.0 if key[1] == 1.0 else 1.0
         assert second[key]["speedup_vs_ar"] == pytest.approx(factor * row["speedup_vs_ar"], rel=1e-9), key
+
+
+def test_a_rerun_for_a_missing_log_generates_that_unit_alone_without_brackets(tiny_run, tmp_path):
+    # Its measurement is kept, so the plain decoding that would bracket it is not run again.
+    source, _ = tiny_run
+    out = tmp_path / "run"
+    shutil.copytree(source, out)
+    missing = sorted((out / "logs").glob("*.npz"))[0]
+    missing.unlink()
+    temperature, label, prompt = missing.stem.split("--")
+    calls = recorded_generations(tiny_run, out, "--log-out", str(out / "logs"))
+    assert missing.exists()
+    assert [(t, name) for _, t, name in calls] == [(float(temperature[1:]), label)]
+    assert calls[0][0] == 1000 + int(prompt)
