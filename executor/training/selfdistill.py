@@ -22,6 +22,7 @@ one would). Each batch's rows are appended to a JSONL file under ``$XDG_CACHE_HO
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -74,15 +75,33 @@ def parse_self_corpus(corpus) -> int | None:
 
 
 def _code_starts(tokenizer, prompt_tokens: int):
+    """``prompt_tokens``-token windows of the default corpus's training files, one per file and pass, without end.
+
+    Pass 0 takes each file's window at the offset the hash of its path gives; pass ``k > 0`` at the hash of the
+    path and ``k``, so a request larger than one pass (about 64 k code tokens on Python 3.11's standard library)
+    goes over the same files again with other windows instead of running out of starts. Files too short for a
+    window with room after it are skipped; a corpus without any is a ``ValueError``.
+    """
     from executor.training.corpus import default_corpus
 
-    for doc_id, text in default_corpus().train:
-        ids = tokenizer.encode(text)
-        span = len(ids) - 2 * prompt_tokens
-        if span <= 0:  # too short for a window with room after it (span 0 would divide by zero below)
-            continue
-        offset = int.from_bytes(hashlib.sha256(b"start:" + doc_id.encode()).digest()[:8], "big") % span
-        yield f"code:{doc_id}", ids[offset : offset + prompt_tokens]
+    for rank in itertools.count():
+        found = False
+        # Tokenized again on each pass: holding every file's ids would cost more memory than it saves time.
+        for doc_id, text in default_corpus().train:
+            ids = tokenizer.encode(text)
+            span = len(ids) - 2 * prompt_tokens
+            if span <= 0:  # too short for a window with room after it (span 0 would divide by zero below)
+                continue
+            found = True
+            salt = b"start:" if rank == 0 else f"start:{rank}:".encode()
+            offset = int.from_bytes(hashlib.sha256(salt + doc_id.encode()).digest()[:8], "big") % span
+            label = f"code:{doc_id}" if rank == 0 else f"code:{doc_id}#{rank}"
+            yield label, ids[offset : offset + prompt_tokens]
+        if not found:
+            raise ValueError(
+                f"no training file of the default corpus is long enough for a {prompt_tokens}-token start "
+                "with room after it"
+            )
 
 
 def _starts(tokenizer, batch: int, batch_size: int, code, settings: dict):

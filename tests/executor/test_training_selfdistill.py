@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -48,9 +50,32 @@ def test_code_starts_skip_documents_without_room_for_a_window(monkeypatch):
 
     documents = [("short.py", "a" * 11), ("exact.py", "b" * 12), ("long.py", "c" * 13)]
     monkeypatch.setattr(corpus, "default_corpus", lambda: corpus.Corpus("test", documents, []))
-    starts = list(selfdistill._code_starts(CharTokenizer(16), 6))
-    assert [doc for doc, _ in starts] == ["code:long.py"]
+    starts = list(itertools.islice(selfdistill._code_starts(CharTokenizer(16), 6), 3))
+    assert [doc for doc, _ in starts] == ["code:long.py", "code:long.py#1", "code:long.py#2"]
     assert starts[0][1] == CharTokenizer(16).encode("c" * 6)
+
+
+def test_code_starts_go_on_past_one_pass_with_other_windows(monkeypatch):
+    # A request larger than one pass over the files once ended in StopIteration mid-generation.
+    from executor.training import corpus, selfdistill
+
+    text = "".join(chr(32 + i % 90) for i in range(400))
+    documents = [(f"{name}.py", text[i * 7 :]) for i, name in enumerate("abc")]
+    monkeypatch.setattr(corpus, "default_corpus", lambda: corpus.Corpus("test", documents, []))
+    starts = list(itertools.islice(selfdistill._code_starts(CharTokenizer(97), 8), 12))
+    assert [doc for doc, _ in starts[:3]] == ["code:a.py", "code:b.py", "code:c.py"]
+    assert [doc for doc, _ in starts[3:6]] == ["code:a.py#1", "code:b.py#1", "code:c.py#1"]
+    windows = [tuple(ids) for _, ids in starts]
+    assert all(len(ids) == 8 for ids in windows)
+    assert len(set(windows)) >= 10  # later passes take other windows of the same files, not the same again
+
+
+def test_code_starts_refuse_a_corpus_without_a_long_enough_file(monkeypatch):
+    from executor.training import corpus, selfdistill
+
+    monkeypatch.setattr(corpus, "default_corpus", lambda: corpus.Corpus("test", [("a.py", "x" * 5)], []))
+    with pytest.raises(ValueError, match="long enough for a 6-token start"):
+        next(selfdistill._code_starts(CharTokenizer(16), 6))
 
 
 def test_generation_resumes_exactly_where_an_uninterrupted_run_would_be(tiny_model, tmp_path, monkeypatch):
