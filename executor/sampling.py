@@ -12,6 +12,7 @@ the float64 tolerance of ``1e-6``.
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 import torch
@@ -47,18 +48,21 @@ def check_probabilities(probs: torch.Tensor, name: str, min_dim: int = 1) -> tor
     wide = probs.to(torch.float64)
     if wide.numel() == 0:
         return wide
-    if not bool(torch.isfinite(wide).all()):
-        raise ValueError(f"{name} contains NaN or infinite entries")
+    # Two reductions carry every check (a decoder calls this at every step): NaN propagates through min and
+    # sum, -inf shows in the min and +inf in a row sum.
+    sums = wide.sum(dim=-1)
     smallest = float(wide.min())
+    if not math.isfinite(smallest) or not bool(torch.isfinite(sums).all()):
+        raise ValueError(f"{name} contains NaN or infinite entries")
     if smallest < 0:
         raise ValueError(f"{name} contains negative entries (smallest {smallest:.3g})")
     tolerance = _SUM_TOLERANCE.get(probs.dtype, _LOW_PRECISION_SUM_TOLERANCE)
-    worst = float((wide.sum(dim=-1) - 1.0).abs().max())
+    worst = float((sums - 1.0).abs().max())
     if worst > tolerance:
         raise ValueError(
             f"{name} must sum to 1 along its last axis; a row is off by {worst:.3g} > {tolerance:g}"
         )
-    return wide / wide.sum(dim=-1, keepdim=True)
+    return wide / sums.unsqueeze(-1)
 
 
 def check_generator(generator: torch.Generator, tensor: torch.Tensor, name: str) -> None:
@@ -118,9 +122,12 @@ def logits_to_probs(
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, Real) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
     scores = logits.to(torch.float32)
-    if bool(torch.isnan(scores).any()) or bool((scores == float("inf")).any()):
+    # One reduction checks all three (a decoder calls this at every step): a row's max is NaN when the row
+    # holds a NaN, +inf when it holds +inf, and -inf when every entry is masked.
+    row_max = scores.amax(dim=-1)
+    if bool(torch.isnan(row_max).any()) or bool((row_max == float("inf")).any()):
         raise ValueError("logits contain NaN or +inf entries")
-    if not bool(torch.isfinite(scores).any(dim=-1).all()):
+    if bool((row_max == float("-inf")).any()):
         raise ValueError("logits have a row with no finite entry (every token masked)")
     if temperature == 0:
         winners = scores.argmax(dim=-1, keepdim=True)
@@ -149,10 +156,12 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     check_generator(generator, probs, "probs")
     if not probs.is_floating_point() or probs.dim() < 1 or probs.shape[-1] == 0:
         raise ValueError(f"probs must be a floating tensor with a vocabulary axis, got {tuple(probs.shape)}")
-    if bool((probs < 0).any()) or not bool(torch.isfinite(probs).all()):
-        raise ValueError("probs must be finite and non-negative")
-    if probs.numel() and not bool((probs.sum(dim=-1) > 0).all()):
-        raise ValueError("probs has a row with zero total probability")
+    if probs.numel():
+        sums = probs.sum(dim=-1, dtype=torch.float64)  # NaN and +inf show here, -inf and negatives in the min
+        if not float(probs.min()) >= 0 or not bool(torch.isfinite(sums).all()):
+            raise ValueError("probs must be finite and non-negative")
+        if not bool((sums > 0).all()):
+            raise ValueError("probs has a row with zero total probability")
     return _draw(probs, generator)
 
 

@@ -145,10 +145,13 @@ def verify_chain(
     p_drafted = p[..., :gamma, :]
     accepted = _accepts(_uniform(drafts.shape, p, generator), _at(p_drafted, drafts), _at(q, drafts))
     n_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
-    # Row k < gamma: the residual after a rejection at k; row gamma: the bonus distribution.
-    next_laws = torch.cat([_residual(p_drafted, q), p[..., gamma:, :]], dim=-2)
+    # Only the law that follows is built: the residual after a rejection at k < gamma, or at k = gamma the
+    # bonus distribution p_gamma.
     index = n_accepted[..., None, None].expand(*n_accepted.shape, 1, p.shape[-1])
-    return n_accepted, _draw(next_laws.gather(-2, index).squeeze(-2), generator)
+    p_next = p.gather(-2, index).squeeze(-2)
+    q_next = torch.cat([q, torch.zeros_like(p[..., :1, :])], dim=-2).gather(-2, index).squeeze(-2)
+    bonus = (n_accepted == gamma).unsqueeze(-1)
+    return n_accepted, _draw(torch.where(bonus, p_next, _residual(p_next, q_next)), generator)
 
 
 def verify_chain_argmax(target: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +163,7 @@ def verify_chain_argmax(target: torch.Tensor, drafts: torch.Tensor) -> tuple[tor
     """
     if not isinstance(target, torch.Tensor) or not target.is_floating_point() or target.dim() < 2:
         raise ValueError("target must be a floating torch.Tensor of shape (..., gamma + 1, V)")
-    if bool(torch.isnan(target).any()):
+    if bool(torch.isnan(target.amax(dim=-1)).any()):  # a NaN propagates through the max
         raise ValueError("target contains NaN entries")
     gamma = target.shape[-2] - 1
     drafts = _check_tokens(drafts, "drafts", (*target.shape[:-2], gamma), target.shape[-1])
@@ -199,7 +202,7 @@ def verify_tree_argmax(
             raise ValueError(f"parents[{node}] = {parent}: every non-root node needs a parent in [0, {node})")
     if not isinstance(target, torch.Tensor) or not target.is_floating_point() or target.shape[:1] != (size,):
         raise ValueError(f"target must be a floating tensor of shape (N, V) with N = len(parents) = {size}")
-    if target.dim() != 2 or bool(torch.isnan(target).any()):
+    if target.dim() != 2 or bool(torch.isnan(target.amax(dim=-1)).any()):
         raise ValueError(f"target must be a 2-d tensor without NaN, got shape {tuple(target.shape)}")
     tokens = _check_tokens(tokens, "tokens", (size,), target.shape[-1])
     greedy = target.argmax(dim=-1).tolist()
@@ -268,6 +271,8 @@ def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
         accept = ~done & _accepts(uniforms[..., i], _at(p_i, draft), _at(q_i, draft))
         token = torch.where(accept, draft, token)
         done |= accept
+        if bool(done.all()):  # the residuals after an acceptance are never sampled
+            return token
         p_i = _residual(p_i, q_i)
         if without_replacement:
             remaining = q_i.scatter(-1, draft.unsqueeze(-1), 0.0)
