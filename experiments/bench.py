@@ -116,6 +116,7 @@ def run_bench(
     fingerprint: dict | None = None,
     prepared: dict | None = None,
     progress=None,
+    after_round=None,
 ) -> list[dict[RowKey, Record]]:
     """Run every row on every prompt, ``rounds`` times, interleaved and rotated; one dict of records per round.
 
@@ -126,7 +127,9 @@ def run_bench(
     With ``checkpoint`` (a path), the finished rounds are saved there after each round together with
     ``fingerprint`` and ``prepared`` (what the rows were built from, e.g. the planned trees: see
     :func:`read_checkpoint`); a run whose checkpoint has the same fingerprint and rows skips them (resume).
-    ``progress`` wraps an iterable of ``(round, row)`` pairs (e.g. a tqdm bar).
+    ``progress`` wraps an iterable of ``(round, row)`` pairs (e.g. a tqdm bar). ``after_round(index)``, if
+    given, runs after every finished round and before its checkpoint, so what it adds to ``prepared`` (e.g. a
+    peer's costs measured between the rounds) is saved and resumed with the rounds.
     """
     if not runners or not prompts:
         raise ValueError("runners and prompts must be non-empty")
@@ -147,6 +150,8 @@ def run_bench(
         if len(current) == len(keys):
             done.append({key: current[key] for key in keys})
             current = {}
+            if after_round is not None:
+                after_round(index)
             if checkpoint:
                 save_checkpoint(checkpoint, fingerprint, prepared, done)
     return done

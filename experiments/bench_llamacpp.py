@@ -13,13 +13,17 @@ Before the timed rounds (:func:`prepare`):
   (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
   every step drafts K tokens, an upper estimate when lookups find shorter or no matches).
 
-After the rounds, llama.cpp's t(n) is measured again (:func:`profile_after`, ``OUT.latency-llamacpp-W-after.json``):
-a profile taken only before the rounds drifted from them by 15-30% at n >= 2 on one machine (docs/bench.md),
-while the rows themselves are interleaved. Then (:func:`predictions`), for every weight format and ``K``, the
+Between the rounds (:func:`profile_between_rounds`, after every round: one warm-up and two timed passes per size
+and format, pooled over the run into ``OUT.latency-llamacpp-W-during.json``) and after them
+(:func:`profile_after`, ``OUT.latency-llamacpp-W-after.json``), llama.cpp's t(n) is measured again: profiles
+taken only before the rounds drifted from the rows by 15-49% at n >= 2 on two machines (docs/bench.md), in
+either direction, while the rows themselves are interleaved; the profile between the rounds samples the
+machine as the rows found it. Then (:func:`predictions`), for every weight format and ``K``, the
 speedup of llama.cpp's prompt lookup over its plain decoding predicted by
 :func:`experiments.peer_predict.held_out_prediction` -- each prompt from the acceptance on the *other* prompts
-(leave one out), charged llama.cpp's ``t(k + 1)`` (the mean of the medians before and after the rounds), its
-lookup time per step and its sampling time per token -- against the measured ratio of decoding speeds
+(leave one out), charged llama.cpp's ``t(k + 1)`` (the medians between the rounds; without them, the mean of
+the medians before and after), its lookup time per step and its sampling time per token -- against the
+measured ratio of decoding speeds
 (tokens after the first over the time after the first token: the prefill, paid once by both, is left out;
 the ratio with the prefill is the table's ``vs llamacpp``).
 """
@@ -30,7 +34,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["predictions", "prepare", "profile_after", "render_markdown", "section"]
+__all__ = [
+    "predictions",
+    "prepare",
+    "profile_after",
+    "profile_between_rounds",
+    "render_markdown",
+    "section",
+    "write_profiles_during",
+]
+
+#: Timed passes per size and weight format in each profile between two rounds (after one warm-up pass).
+REPEATS_BETWEEN_ROUNDS = 2
 
 
 #: Our plain-decoding rows of the section (float32 activations): float, int8 and Q4_1 weights, and with
@@ -85,10 +100,53 @@ def profile_after(config, llms: dict, context, stem: str) -> dict:
     return {"profiles_after": profiles, "documents_after": measured}
 
 
-def _profile(config, llms: dict, context, stem: str, suffix: str) -> tuple[dict, dict]:
-    from executor.files import write_json
+def profile_between_rounds(config, llms: dict, context, part: dict):
+    """``after_round(index)`` for :func:`experiments.bench.run_bench`: a short profile of llama.cpp's t(n)
+    (one warm-up and :data:`REPEATS_BETWEEN_ROUNDS` timed passes), its samples pooled in
+    ``part["samples_during"]`` and the summaries of all of them in ``part["documents_during"]`` (``part`` is
+    ``prepared["llamacpp"]``, checkpointed with the rounds)."""
     from experiments.peer_llamacpp import profile_llamacpp
+
+    def after_round(index: int) -> None:
+        part["documents_during"] = profile_llamacpp(
+            llms,
+            context,
+            sizes=profile_sizes(config.lookups),
+            repeats=REPEATS_BETWEEN_ROUNDS,
+            warmup=1,
+            samples=part.setdefault("samples_during", {}),
+        )
+
+    return after_round
+
+
+def write_profiles_during(part: dict, stem: str) -> dict:
+    """Write the pooled profiles between the rounds (``OUT.latency-llamacpp-W-during.json``); returns the
+    ``prepared["llamacpp"]`` key ``profiles_during`` (paths), empty when none was taken."""
+    documents = part.get("documents_during") or {}
+    return {"profiles_during": {w: _write_profile(d, stem, w, "-during") for w, d in documents.items()}}
+
+
+def _write_profile(part: dict, stem: str, weights: str, suffix: str) -> str:
+    from executor.files import write_json
     from experiments.profiling import PROFILE_FORMAT, PROFILE_VERSION
+
+    document = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "model": "embedded SmolLM2-135M-Instruct (llama.cpp)",
+        "dtype": weights,
+        "device": "cpu",
+        "source": "specbound bench --peer llamacpp: llama.cpp Llama.eval, weights interleaved",
+        **part,
+    }
+    path = f"{stem}.latency-llamacpp-{weights}{suffix}.json"
+    write_json(document, path)
+    return path
+
+
+def _profile(config, llms: dict, context, stem: str, suffix: str) -> tuple[dict, dict]:
+    from experiments.peer_llamacpp import profile_llamacpp
 
     measured = profile_llamacpp(
         llms,
@@ -98,20 +156,7 @@ def _profile(config, llms: dict, context, stem: str, suffix: str) -> tuple[dict,
         warmup=1,
         progress=True,
     )
-    profiles = {}
-    for weights, part in measured.items():
-        document = {
-            "format": PROFILE_FORMAT,
-            "version": PROFILE_VERSION,
-            "model": "embedded SmolLM2-135M-Instruct (llama.cpp)",
-            "dtype": weights,
-            "device": "cpu",
-            "source": "specbound bench --peer llamacpp: llama.cpp Llama.eval, weights interleaved",
-            **part,
-        }
-        path = f"{stem}.latency-llamacpp-{weights}{suffix}.json"
-        write_json(document, path)
-        profiles[weights] = path
+    profiles = {weights: _write_profile(part, stem, weights, suffix) for weights, part in measured.items()}
     return profiles, measured
 
 
@@ -151,7 +196,9 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
         before = Costs.of(document)
         after = prepared.get("documents_after", {}).get(weights)
         after = None if after is None else Costs.of(after)
-        costs = before if after is None else before.mean(after)
+        during = (prepared.get("documents_during") or {}).get(weights)
+        during = None if during is None else Costs.of(during)
+        costs = during or (before if after is None else before.mean(after))
         dtype = LLAMACPP_DTYPES[weights]
         plain = by_key.get(("llamacpp", dtype))
         for lookup, steps in prepared["steps"].items():
@@ -175,6 +222,8 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                     "t_ratio": costs.ratio(int(lookup) + 1),
                     "t_ratio_before": before.ratio(int(lookup) + 1),
                     "t_ratio_after": None if after is None else after.ratio(int(lookup) + 1),
+                    "t_ratio_during": None if during is None else during.ratio(int(lookup) + 1),
+                    "costs": "between the rounds" if during else "mean of before and after",
                     "tokens_per_step": float(
                         np.mean([1 + a for s in steps for _, a in s]) if any(steps) else 1.0
                     ),
@@ -184,6 +233,7 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                     "error": None if measured is None else predicted["speedup"] / measured - 1,
                     "latency": prepared["profiles"][weights],
                     "latency_after": prepared.get("profiles_after", {}).get(weights),
+                    "latency_during": prepared.get("profiles_during", {}).get(weights),
                     "model": predicted["model"],
                 }
             )
@@ -195,6 +245,11 @@ def _ratios(prediction: dict) -> str:
     if prediction.get("t_ratio_after") is None:
         return f"{prediction['t_ratio']:.2f}"
     return f"{prediction['t_ratio']:.2f} ({prediction['t_ratio_before']:.2f} / {prediction['t_ratio_after']:.2f})"
+
+
+def _latency(prediction: dict) -> str:
+    """The profile the prediction charged: the one between the rounds when there is one."""
+    return prediction.get("latency_during") or prediction["latency"]
 
 
 def render_markdown(section: dict) -> list[str]:
@@ -223,7 +278,7 @@ def render_markdown(section: dict) -> list[str]:
         "",
         "### Prompt lookup: predicted from llama.cpp's t(n) and our acceptance on the other prompts",
         "",
-        "| weights | K | t(K+1)/t(1) (before / after the rounds) | our τ (all prompts) | predicted "
+        "| weights | K | t(K+1)/t(1) charged (before / after the rounds) | our τ (all prompts) | predicted "
         "| measured (decoding) | error | measured (with prefill) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -237,6 +292,9 @@ def render_markdown(section: dict) -> list[str]:
             f"| {p['predicted']:.3f} | {number(p['measured_decode'], '{:.3f}')} "
             f"| {number(p['error'], '{:+.1%}')} | {number(p['measured_total'], '{:.3f}')} |"
         )
+    charged = sorted({p.get("costs", "mean of before and after") for p in section["predictions"]})
+    if charged:
+        lines += ["", f"t(n) charged: {', '.join(charged)} (medians)."]
     lines += [
         "",
         "llama.cpp's t(n) and our acceptance by position, for `specbound plan-length` (its fixed-K rules assume "
@@ -244,7 +302,7 @@ def render_markdown(section: dict) -> list[str]:
         "",
     ]
     lines += [
-        f"    specbound plan-length --latency {p['latency']} "
+        f"    specbound plan-length --latency {_latency(p)} "
         f"--acceptance {p['latency'].split('.latency-')[0]}.acceptance-lookup-k{p['lookup']}.json"
         for p in section["predictions"]
     ]

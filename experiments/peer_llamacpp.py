@@ -162,6 +162,7 @@ def profile_llamacpp(
     warmup: int = 2,
     progress: bool = False,
     propose=None,
+    samples: dict | None = None,
 ) -> dict:
     """llama.cpp's own ``t(n)``, interleaved over several models: ``{name: measurement}`` (docs/profile.md).
 
@@ -173,6 +174,10 @@ def profile_llamacpp(
     ``repeats`` timed rounds. Also timed: one prompt-lookup proposal on the context (``lookup_time``) and one
     greedy ``sample`` (``sample_time``), the per-step and per-token work of ``generate`` besides the passes.
     ``propose(ids, max_ngram, k)`` is the lookup timed (default llama-cpp-python's own).
+
+    ``samples`` (``{name: {"n" | "lookup" | "sample": [seconds, ...]}}``, JSON-ready) pools calls: this call's
+    timed rounds are appended to it and the summaries cover every sample in it, so short profiles taken between
+    a benchmark's rounds add up to one profile of the whole run.
     """
     from experiments.profiling import summarise_times
 
@@ -211,7 +216,10 @@ def profile_llamacpp(
         llm.sample(temp=0.0, repeat_penalty=1.0, idx=committed)
         return time.perf_counter() - start
 
-    samples = {(name, key): [] for name in llms for key in [*sizes, "lookup", "sample"]}
+    samples = {} if samples is None else samples
+    for name in llms:
+        for key in [*sizes, "lookup", "sample"]:
+            samples.setdefault(name, {}).setdefault(str(key), [])
     rounds = range(warmup + repeats)
     if progress:
         from tqdm import tqdm
@@ -224,22 +232,22 @@ def profile_llamacpp(
                 target(llm, n)
                 elapsed = time.perf_counter() - start
                 if index >= warmup:
-                    samples[(name, n)].append(elapsed)
+                    samples[name][str(n)].append(elapsed)
             start = time.perf_counter()
             propose(history, LOOKUP_NGRAM, sizes[-1])
             lookup = time.perf_counter() - start
             sampled = sample(llm)
             if index >= warmup:
-                samples[(name, "lookup")].append(lookup)
-                samples[(name, "sample")].append(sampled)
+                samples[name]["lookup"].append(lookup)
+                samples[name]["sample"].append(sampled)
     result = {}
     for name in llms:
-        stats = [{"n": n, **summarise_times(samples[(name, n)])} for n in sizes]
+        stats = [{"n": n, **summarise_times(samples[name][str(n)])} for n in sizes]
         base = stats[0]["median"]
-        lookup = summarise_times(samples[(name, "lookup")])
+        lookup = summarise_times(samples[name]["lookup"])
         result[name] = {
             "context_tokens": len(context),
-            "repeats": repeats,
+            "repeats": stats[0]["repeats"],
             "warmup": warmup,
             "target": {
                 "sizes": sizes,
@@ -255,6 +263,6 @@ def profile_llamacpp(
                 "level_time": lookup["median"],
                 "cost_ratio": lookup["median"] / base,
             },
-            "sample_time": summarise_times(samples[(name, "sample")]),
+            "sample_time": summarise_times(samples[name]["sample"]),
         }
     return result

@@ -191,7 +191,7 @@ def run(args) -> int:
     if not selected:
         raise ValueError(f"--rows: no row matches {args.rows!r}")
     context = context_ids(tokenizer, config.context)
-    # llama.cpp's t(n) is profiled on its prompt-lookup models, before the rounds and again after them.
+    # llama.cpp's t(n) is profiled on its prompt-lookup models: before, between and after the rounds.
     profiled = (
         {weights: llms[(weights, max(config.lookups))] for weights in config.peer_weights} if llms else {}
     )
@@ -221,6 +221,11 @@ def run(args) -> int:
     # Greedy rows that verify with our target of their dtype: checked for divergences at rounding ties.
     ours = {key for key in runners if not key.decoder.startswith("hf-")}
     runners.update(extra)
+    after_round = None
+    if "llamacpp" in prepared:
+        from experiments.bench_llamacpp import profile_between_rounds
+
+        after_round = profile_between_rounds(config, profiled, context, prepared["llamacpp"])
     done = run_bench(
         runners,
         prompts,
@@ -231,6 +236,7 @@ def run(args) -> int:
         fingerprint=settings,
         prepared=prepared,
         progress=lambda pairs: tqdm(pairs, desc="bench", unit="run"),
+        after_round=after_round,
     )
     models = {dtype: model for dtype, (model, _) in targets.items()}
     divergences = greedy_divergences(done, prompts, models, ours)
@@ -238,9 +244,14 @@ def run(args) -> int:
     if config.compile:  # wall seconds of compilation (or of loading it from Inductor's cache), apart
         result["compile_seconds"] = compile_seconds
     if "llamacpp" in prepared:
-        from experiments.bench_llamacpp import profile_after, section
+        from experiments.bench_llamacpp import profile_after, section, write_profiles_during
 
-        measured = {**prepared["llamacpp"], **profile_after(config, profiled, context, stem)}
+        part = prepared["llamacpp"]
+        measured = {
+            **part,
+            **profile_after(config, profiled, context, stem),
+            **write_profiles_during(part, stem),
+        }
         result["llamacpp"] = section(result["rows"], measured, args.max_new_tokens)
     print(write_report(result, args.out))
     return 0

@@ -188,6 +188,28 @@ def test_an_interrupted_run_resumes_at_the_first_unfinished_round(tmp_path):
     assert (tmp_path / "bench.md").read_text().startswith("# specbound bench")
 
 
+def test_after_round_runs_once_per_finished_round_and_what_it_adds_is_checkpointed(tmp_path):
+    calls = []
+    ar, chain = RowKey("ar", "float32", 0.0), RowKey("chain", "float32", 0.0)
+    runners = {ar: fake("ar", calls), chain: fake("chain", calls)}
+    prepared = {"during": []}
+    seen = []
+
+    def after_round(index):
+        timed = [c for c in calls if c[2] == 10]
+        seen.append((index, len(timed)))
+        prepared["during"].append(index)
+
+    checkpoint = str(tmp_path / "bench.partial.json")
+    run_bench(
+        runners, [[1], [2]], 10, rounds=2, checkpoint=checkpoint, fingerprint={}, prepared=prepared,
+        after_round=after_round,
+    )  # fmt: skip
+    # After each round's last row (2 rows per round), with the round's index; 2 prompts x 2 rounds.
+    assert seen == [(0, 2), (1, 4), (2, 6), (3, 8)]
+    assert json.loads(open(checkpoint).read())["prepared"] == {"during": [0, 1, 2, 3]}
+
+
 def _settings():
     return {
         "prompt_set": "humaneval",

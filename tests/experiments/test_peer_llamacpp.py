@@ -213,6 +213,46 @@ def test_prediction_charges_the_mean_of_the_profiles_before_and_after_the_rounds
     assert "| q4_1 | 2 | 2.50 (2.00 / 3.00) |" in markdown
 
 
+def test_prediction_charges_the_profile_between_the_rounds_when_there_is_one():
+    steps = [[[2, 2], [2, 1], [0, 0]], [[2, 0], [2, 2]], [[1, 1], [2, 2], [2, 1]]]
+    during = _document([0.01, 0.012, 0.014, 0.02])
+    during["drafter"]["draft_time"], during["sample_time"]["median"] = 0.0005, 0.001
+    prepared = {
+        "profiles": {"q4_1": "x.latency-llamacpp-q4_1.json"},
+        "documents": {"q4_1": _document([0.01, 0.015, 0.02, 0.03])},
+        "documents_after": {"q4_1": _document([0.01, 0.025, 0.03, 0.05])},
+        "documents_during": {"q4_1": during},
+        "profiles_during": {"q4_1": "x.latency-llamacpp-q4_1-during.json"},
+        "steps": {"2": steps},
+    }
+    [prediction] = bench_llamacpp.predictions(prepared, [], max_new_tokens=9)
+    times = {1: 0.01, 2: 0.012, 3: 0.014, 4: 0.02}
+    expected = held_out_prediction(times, steps, [8, 8, 8], 2, lookup_time=0.0005, token_time=0.001)
+    assert prediction["predicted"] == pytest.approx(expected["speedup"])
+    assert prediction["costs"] == "between the rounds"
+    assert (prediction["t_ratio"], prediction["t_ratio_during"]) == pytest.approx((1.4, 1.4))
+    markdown = "\n".join(bench_llamacpp.render_markdown({"rows": [], "predictions": [prediction]}))
+    assert "| q4_1 | 2 | 1.40 (2.00 / 3.00) |" in markdown
+    assert "--latency x.latency-llamacpp-q4_1-during.json" in markdown
+
+
+def test_profile_pools_the_samples_of_several_calls():
+    llms = {"q4_1": FakeLlama()}
+    samples = {}
+    for call in range(3):
+        result = peer_llamacpp.profile_llamacpp(
+            llms, list(range(20)), sizes=(1, 2), repeats=2, warmup=1, propose=lambda ids, n, k: ids[:0],
+            samples=samples,
+        )  # fmt: skip
+        assert result["q4_1"]["repeats"] == 2 * (call + 1)  # the summaries cover every call so far
+    assert {key: len(values) for key, values in samples["q4_1"].items()} == {
+        "1": 6, "2": 6, "lookup": 6, "sample": 6,
+    }  # fmt: skip
+    stats = result["q4_1"]["target"]["stats"]
+    assert stats[1]["median"] == pytest.approx(float(np.median(samples["q4_1"]["2"])))
+    json.dumps(samples)  # checkpointed with the rounds
+
+
 def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     from experiments.cli import main
     from experiments.commands import bench as command
@@ -256,6 +296,12 @@ def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     assert (tmp_path / "bench.latency-llamacpp-f32.json").is_file()
     assert (tmp_path / "bench.latency-llamacpp-f32-after.json").is_file()  # profiled again after the rounds
     assert all(p["t_ratio_after"] is not None for p in result["llamacpp"]["predictions"])
+    # Profiled between the rounds too (once per round: 3 prompts), and that profile is the one charged.
+    assert result["llamacpp"] is not None and (tmp_path / "bench.latency-llamacpp-f32-during.json").is_file()
+    for p in result["llamacpp"]["predictions"]:
+        assert p["costs"] == "between the rounds"
+        assert (p["t_ratio"], p["t_ratio_during"], p["t_ratio_after"]) == pytest.approx((1.4, 1.4, 1.2))
+    assert "t(n) charged: between the rounds" in (tmp_path / "bench.md").read_text()
     steps = json.loads((tmp_path / "bench.lookup-steps-k2.json").read_text())["steps"]
     assert len(steps) == 3  # one list of steps per prompt
     alpha = json.loads((tmp_path / "bench.acceptance-lookup-k2.json").read_text())["per_position"]
@@ -263,8 +309,14 @@ def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     assert "## llama.cpp on the same weights" in (tmp_path / "bench.md").read_text()
 
 
-def _fake_profile(llms, context, sizes, repeats, warmup, progress):
-    return {name: _document([0.01 * (1 + 0.1 * (n - 1)) for n in range(1, max(sizes) + 1)]) for name in llms}
+def _fake_profile(llms, context, sizes, repeats, warmup, progress=False, samples=None):
+    """Before and after the rounds t(n) = 0.01 (1 + 0.1 (n - 1)); between them (``samples`` given) twice the slope."""
+    slope = 0.1 if samples is None else 0.2
+    if samples is not None:
+        samples.setdefault("calls", []).append(len(llms))
+    return {
+        name: _document([0.01 * (1 + slope * (n - 1)) for n in range(1, max(sizes) + 1)]) for name in llms
+    }
 
 
 def test_bench_compile_runs_our_targets_compiled_next_to_eager_twins(monkeypatch, tmp_path):
