@@ -170,7 +170,8 @@ def profile_llamacpp(
     ``context`` is evaluated once; then ``Llama.eval`` of ``n`` new tokens (the context's last token, then
     ``n - 1`` filler tokens of the context) at the positions right after it, which rolls the cache back to the
     context before each pass (``n_tokens`` reset; ``eval`` removes the stale cells, as ``generate`` does after
-    a rejection). Each round measures every model and size once, in turn; medians and quartiles over the
+    a rejection). Each round measures every model and size once, in turn, after one untimed one-token pass of
+    that model (the first pass after another model ran costs more); medians and quartiles over the
     ``repeats`` timed rounds. Also timed: one prompt-lookup proposal on the context (``lookup_time``) and one
     greedy ``sample`` (``sample_time``), the per-step and per-token work of ``generate`` besides the passes.
     ``propose(ids, max_ngram, k)`` is the lookup timed (default llama-cpp-python's own).
@@ -227,6 +228,9 @@ def profile_llamacpp(
         rounds = tqdm(rounds, desc="llama.cpp profile", unit="round")
     for index in rounds:
         for name, llm in llms.items():
+            # Untimed: the first pass after another model's work pays for waking this model's threads (bf16,
+            # 2 threads: t(1) 24.0 ms first against 16.9 ms; a generation pays it once, in its prefill).
+            target(llm, 1)
             for n in sizes:
                 start = time.perf_counter()
                 target(llm, n)

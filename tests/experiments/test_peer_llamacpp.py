@@ -133,7 +133,8 @@ def test_profile_interleaves_sizes_and_rolls_back_to_the_context():
         assert llm.evals[0] == (0, 19)  # the context without its last token, once
         passes = llm.evals[1:]
         assert all(before == 19 for before, _ in passes)  # every pass starts at the committed context
-        assert [n for _, n in passes][:4] == [1, 2, 3, 1]  # sizes in turn, then the sample's one-token pass
+        # An untimed one-token pass, the sizes in turn, then the sample's one-token pass.
+        assert [n for _, n in passes][:5] == [1, 1, 2, 3, 1]
         assert llm.samples == 4
         part = result[name]
         assert part["target"]["sizes"] == [1, 2, 3] and part["repeats"] == 3
