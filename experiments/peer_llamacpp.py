@@ -34,6 +34,7 @@ __all__ = [
     "llamacpp_runner",
     "load_llama",
     "profile_llamacpp",
+    "unsupported_weights_reason",
     "weights_path",
 ]
 
@@ -104,6 +105,28 @@ def weights_path(weights: str, *, source: str | os.PathLike | None = None) -> Pa
     return target
 
 
+def unsupported_weights_reason(llama_cpp, weights: str) -> str | None:
+    """Why llama.cpp as built cannot run ``weights`` here, or ``None``.
+
+    One case is known: a build with llama.cpp's AMX backend (``AMX_INT8 = 1`` in its system info, what
+    ``GGML_NATIVE=ON`` gives on an Intel Xeon with AMX) repacks Q4_1 weights for its AMX kernels, and the first
+    pass over two or more tokens then kills the process with a segmentation fault (llama-cpp-python 0.3.36,
+    2026-11-27: a 2-token ``eval`` of the embedded Q4_1 file; llama.cpp issue 20824 reports the same crash in
+    ``ggml_backend_amx_mul_mat``). A crash cannot be caught, so it is refused before loading.
+    """
+    if _check_weights(weights) != "q4_1":
+        return None
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    if "AMX_INT8 = 1" not in info:
+        return None
+    return (
+        "--peer-weights q4_1: this llama.cpp build has its AMX backend (AMX_INT8 = 1), whose Q4_1 kernels "
+        "crash the process on a pass over several tokens (llama.cpp issue 20824); use --peer-weights f32,bf16, "
+        "or rebuild llama-cpp-python without AMX (docs/bench.md)"
+    )
+
+
 def load_llama(weights: str, *, threads: int, lookup: int | None = None, n_ctx: int = 2048):
     """A ``llama_cpp.Llama`` on ``weights`` with ``threads`` threads (decoding and batches alike).
 
@@ -111,6 +134,9 @@ def load_llama(weights: str, *, threads: int, lookup: int | None = None, n_ctx: 
     model (llama-cpp-python then keeps logits for every position of a batch, as verification needs).
     """
     llama_cpp = import_llama_cpp()
+    reason = unsupported_weights_reason(llama_cpp, weights)
+    if reason is not None:
+        raise ValueError(reason)
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     if lookup is not None and (isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 1):

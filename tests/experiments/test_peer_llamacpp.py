@@ -99,6 +99,33 @@ def test_bad_peer_options_are_named(options, match):
         BenchConfig(**options)
 
 
+@pytest.mark.parametrize(
+    "info, weights, refused",
+    [
+        (b"CPU : AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 |", "q4_1", True),
+        (b"CPU : AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 |", "f32", False),
+        (b"CPU : AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 |", "bf16", False),
+        (b"CPU : AVX2 = 1 | FMA = 1 | LLAMAFILE = 1 |", "q4_1", False),
+        ("CPU : AVX512 = 1 | AMX_INT8 = 0 |", "q4_1", False),
+    ],
+)
+def test_q4_1_is_refused_before_loading_on_a_build_with_amx_kernels(monkeypatch, info, weights, refused):
+    class FakeModule:
+        @staticmethod
+        def llama_print_system_info():
+            return info
+
+    reason = peer_llamacpp.unsupported_weights_reason(FakeModule, weights)
+    assert (reason is not None) == refused
+    if refused:
+        assert "--peer-weights q4_1" in reason and "AMX" in reason
+        monkeypatch.setattr(peer_llamacpp, "import_llama_cpp", lambda: FakeModule)
+        with pytest.raises(ValueError, match="AMX"):  # before any Llama is built
+            peer_llamacpp.load_llama(weights, threads=1)
+    with pytest.raises(ValueError, match="weights must be one of"):
+        peer_llamacpp.unsupported_weights_reason(FakeModule, "q8_0")
+
+
 def test_decoding_rate_leaves_the_first_token_out_and_ratios_use_llamacpp_plain():
     def record(seconds, first, tokens=11):
         return Record(
@@ -425,8 +452,10 @@ def test_llamacpp_f32_greedy_text_equals_ours_and_profile_runs(llama_cpp):
     llm = peer_llamacpp.load_llama("f32", threads=1, n_ctx=128)
     theirs = peer_llamacpp.llamacpp_runner(llm)(prompt, 16, 0).token_ids
     assert theirs == list(ours)
-    lookup = peer_llamacpp.load_llama("q4_1", threads=1, lookup=2, n_ctx=128)
+    # Q4_1 where this build runs it (its AMX kernels crash: refused, see unsupported_weights_reason).
+    weights = "q4_1" if peer_llamacpp.unsupported_weights_reason(llama_cpp, "q4_1") is None else "f32"
+    lookup = peer_llamacpp.load_llama(weights, threads=1, lookup=2, n_ctx=128)
     assert peer_llamacpp.llamacpp_runner(lookup)(prompt, 16, 0).tokens == 16
-    measured = peer_llamacpp.profile_llamacpp({"q4_1": lookup}, prompt, sizes=(1, 2, 4), repeats=2, warmup=1)
-    assert measured["q4_1"]["target"]["sizes"] == [1, 2, 4]
-    assert all(t > 0 for t in measured["q4_1"]["target"]["times"])
+    measured = peer_llamacpp.profile_llamacpp({weights: lookup}, prompt, sizes=(1, 2, 4), repeats=2, warmup=1)
+    assert measured[weights]["target"]["sizes"] == [1, 2, 4]
+    assert all(t > 0 for t in measured[weights]["target"]["times"])
