@@ -11,7 +11,9 @@ Before the timed rounds (:func:`prepare`):
   tokens decodes every bench prompt greedily in float32, untimed; per prompt, each step's (drafted,
   accepted) counts (``OUT.lookup-steps-kK.json``), and the pooled acceptance by position
   (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
-  every step drafts K tokens, an upper estimate when lookups find shorter or no matches).
+  every step drafts K tokens, an upper estimate when lookups find shorter or no matches). After the rounds,
+  where llama.cpp's plain greedy text of a weight format differs from ours (BF16 and Q4_1 round differently),
+  the steps come from its own text instead (:func:`text_steps` on :func:`own_texts`).
 
 Between the rounds (:func:`profile_between_rounds`, after every round: one warm-up and two timed passes per size
 and format, pooled over the run into ``OUT.latency-llamacpp-W-during.json``) and after them
@@ -35,12 +37,14 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "own_texts",
     "predictions",
     "prepare",
     "profile_after",
     "profile_between_rounds",
     "render_markdown",
     "section",
+    "text_steps",
     "write_profiles_during",
 ]
 
@@ -73,6 +77,50 @@ def lookup_steps(model, prompts: list[list[int]], lookup: int, max_new_tokens: i
         [list(s) for s in steps_of(decoder.generate(p, max_new_tokens, generator=torch.Generator()))]
         for p in prompts
     ]
+
+
+def text_steps(prompt: list[int], text: list[int], lookup: int) -> list[list[int]]:
+    """``[drafted, accepted]`` of every step prompt lookup (``max_ngram=2``, ``lookup`` tokens) takes to produce
+    ``text`` after ``prompt`` under greedy verification, where a drafted token is accepted exactly when it is
+    the text's next token: the steps a greedy decoder whose text is ``text`` takes, computed from the text
+    alone (on our own greedy text they are :func:`lookup_steps`', tested)."""
+    from executor.drafters import PromptLookupDrafter
+    from experiments.peer_llamacpp import LOOKUP_NGRAM
+
+    drafter = PromptLookupDrafter(max_ngram=LOOKUP_NGRAM, max_tokens=lookup)
+    context, position, steps = list(prompt), 0, []
+    while position < len(text):
+        proposal = drafter.propose(context)
+        accepted = 0
+        while (
+            accepted < len(proposal)
+            and position + accepted < len(text)
+            and proposal[accepted] == text[position + accepted]
+        ):
+            accepted += 1
+        steps.append([len(proposal), accepted])
+        emitted = text[position : position + accepted + 1]
+        context += emitted
+        position += len(emitted)
+    return steps
+
+
+def own_texts(done: list[dict], prompts: list[list[int]], weights) -> dict:
+    """``{weights: [(prompt, text), ...]}``: llama.cpp's plain greedy text of every prompt (its ``llamacpp`` row
+    in the first round that ran the prompt), for the weight formats that ran."""
+    from experiments.bench import RowKey
+    from experiments.bench_rows import LLAMACPP_DTYPES
+
+    out = {}
+    for name in weights:
+        key = RowKey("llamacpp", LLAMACPP_DTYPES[name], 0.0)
+        texts = {}
+        for index, round_records in enumerate(done):
+            if key in round_records:
+                texts.setdefault(index % len(prompts), round_records[key].token_ids)
+        if len(texts) == len(prompts):
+            out[name] = [(prompts[i], texts[i]) for i in range(len(prompts))]
+    return out
 
 
 def prepare(config, llms: dict, model, prompts, context, max_new_tokens: int, stem: str) -> dict:
@@ -185,8 +233,15 @@ class Costs(NamedTuple):
         return self.times[n] / self.times[1]
 
 
-def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[dict]:
-    """Predicted against measured speedup of llama.cpp's prompt lookup, per weight format and ``K``."""
+def predictions(
+    prepared: dict, rows: list[dict], max_new_tokens: int, texts: dict | None = None
+) -> list[dict]:
+    """Predicted against measured speedup of llama.cpp's prompt lookup, per weight format and ``K``.
+
+    The acceptance comes from llama.cpp's own greedy text of each weight format where ``texts`` (see
+    :func:`own_texts`) has it (:func:`text_steps`; each prompt still predicted from the *other* prompts), else
+    from our float32 decoding's steps.
+    """
     from experiments.bench_rows import LLAMACPP_DTYPES
     from experiments.peer_predict import held_out_prediction
 
@@ -202,6 +257,10 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
         dtype = LLAMACPP_DTYPES[weights]
         plain = by_key.get(("llamacpp", dtype))
         for lookup, steps in prepared["steps"].items():
+            source = "our float32 text"
+            if texts and weights in texts:
+                steps = [text_steps(prompt, text, int(lookup)) for prompt, text in texts[weights]]
+                source = "llama.cpp's own text"
             lookup_row = by_key.get((f"llamacpp-lookup-k{lookup}", dtype))
             predicted = held_out_prediction(
                 costs.times,
@@ -224,6 +283,7 @@ def predictions(prepared: dict, rows: list[dict], max_new_tokens: int) -> list[d
                     "t_ratio_after": None if after is None else after.ratio(int(lookup) + 1),
                     "t_ratio_during": None if during is None else during.ratio(int(lookup) + 1),
                     "costs": "between the rounds" if during else "mean of before and after",
+                    "acceptance_from": source,
                     "tokens_per_step": float(
                         np.mean([1 + a for s in steps for _, a in s]) if any(steps) else 1.0
                     ),
@@ -276,11 +336,11 @@ def render_markdown(section: dict) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "### Prompt lookup: predicted from llama.cpp's t(n) and our acceptance on the other prompts",
+        "### Prompt lookup: predicted from llama.cpp's t(n) and the acceptance on the other prompts",
         "",
-        "| weights | K | t(K+1)/t(1) charged (before / after the rounds) | our τ (all prompts) | predicted "
-        "| measured (decoding) | error | measured (with prefill) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| weights | K | t(K+1)/t(1) charged (before / after the rounds) | acceptance of | τ (all prompts) "
+        "| predicted | measured (decoding) | error | measured (with prefill) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for p in section["predictions"]:
 
@@ -288,7 +348,8 @@ def render_markdown(section: dict) -> list[str]:
             return "–" if value is None else fmt.format(value)
 
         lines.append(
-            f"| {p['weights']} | {p['lookup']} | {_ratios(p)} | {p['tokens_per_step']:.2f} "
+            f"| {p['weights']} | {p['lookup']} | {_ratios(p)} | {p.get('acceptance_from', 'our float32 text')} "
+            f"| {p['tokens_per_step']:.2f} "
             f"| {p['predicted']:.3f} | {number(p['measured_decode'], '{:.3f}')} "
             f"| {number(p['error'], '{:+.1%}')} | {number(p['measured_total'], '{:.3f}')} |"
         )
@@ -309,9 +370,9 @@ def render_markdown(section: dict) -> list[str]:
     return lines
 
 
-def section(result_rows: list[dict], prepared: dict, max_new_tokens: int) -> dict:
+def section(result_rows: list[dict], prepared: dict, max_new_tokens: int, texts: dict | None = None) -> dict:
     """``result["llamacpp"]``: the llama.cpp rows and our plain-decoding rows (:data:`OUR_PLAIN_ROWS`) with
-    their ratios to our float32, int8 and q4_1 ``ar``, and the predictions."""
+    their ratios to our float32, int8 and q4_1 ``ar``, and the predictions (``texts``: :func:`predictions`)."""
     ours = {
         row["decoder"]: row for row in result_rows if row["dtype"] == "float32" and row["temperature"] == 0
     }
@@ -325,4 +386,4 @@ def section(result_rows: list[dict], prepared: dict, max_new_tokens: int) -> dic
         for name, base in (("vs_f32", "ar"), ("vs_int8", "ar-int8"), ("vs_q4_1", "ar-q4_1")):
             entry[name] = row["tokens_per_s"] / ours[base]["tokens_per_s"] if base in ours else None
         rows.append(entry)
-    return {"rows": rows, "predictions": predictions(prepared, result_rows, max_new_tokens)}
+    return {"rows": rows, "predictions": predictions(prepared, result_rows, max_new_tokens, texts)}

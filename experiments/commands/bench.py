@@ -244,7 +244,7 @@ def run(args) -> int:
     if config.compile:  # wall seconds of compilation (or of loading it from Inductor's cache), apart
         result["compile_seconds"] = compile_seconds
     if "llamacpp" in prepared:
-        from experiments.bench_llamacpp import profile_after, section, write_profiles_during
+        from experiments.bench_llamacpp import own_texts, profile_after, section, write_profiles_during
 
         part = prepared["llamacpp"]
         measured = {
@@ -252,7 +252,8 @@ def run(args) -> int:
             **profile_after(config, profiled, context, stem),
             **write_profiles_during(part, stem),
         }
-        result["llamacpp"] = section(result["rows"], measured, args.max_new_tokens)
+        texts = own_texts(done, prompts, config.peer_weights)
+        result["llamacpp"] = section(result["rows"], measured, args.max_new_tokens, texts)
     print(write_report(result, args.out))
     return 0
 

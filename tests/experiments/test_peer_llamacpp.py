@@ -281,6 +281,61 @@ def test_profile_pools_the_samples_of_several_calls():
     json.dumps(samples)  # checkpointed with the rounds
 
 
+def test_text_steps_worked_by_hand():
+    # (1, 2) recurs: propose [3, 1]; 3 matches, 9 does not. (3, 9) and (9) never occurred: no draft. (1) first
+    # occurred at 0: propose [2, 3], both match and end the text.
+    assert bench_llamacpp.text_steps([1, 2, 3, 1, 2], [3, 9, 1, 2, 3], 2) == [[2, 1], [0, 0], [2, 2]]
+    assert bench_llamacpp.text_steps([5], [], 3) == []
+
+
+def test_text_steps_of_our_greedy_text_are_the_steps_our_lookup_decoder_took():
+    """The exact oracle: decode with our chain decoder and prompt lookup, then recover every step from the
+    emitted text alone."""
+    from executor.decoders import ChainDecoder, Sampling
+
+    model = build_tiny_model(5, vocab_size=6, n_layers=2, max_seq_len=200)  # 6 tokens: lookups often hit
+    for lookup in (1, 2, 5):
+        decoder = ChainDecoder(
+            model,
+            PromptLookupDrafter(max_ngram=peer_llamacpp.LOOKUP_NGRAM, max_tokens=lookup),
+            gamma=lookup,
+            sampling=Sampling(temperature=0.0),
+        )
+        for prompt in ([1, 2, 3, 1, 2, 4], [0, 5, 0, 5, 1], [3, 3, 3]):
+            result = decoder.generate(prompt, 40, generator=torch.Generator())
+            text = [t for step in result.steps for t in step.emitted]
+            taken = [[s.n_drafted, s.n_accepted] for s in result.steps]
+            assert sum(d > 0 for d, _ in taken) > 0 and sum(a for _, a in taken) > 0  # not vacuous
+            assert bench_llamacpp.text_steps(prompt, text, lookup) == taken
+
+
+def test_prediction_takes_the_acceptance_from_llamacpps_own_text_of_the_other_prompts():
+    prompts = [[1, 2, 3, 1, 2], [4, 4, 4, 4], [1, 5, 1, 5, 1]]
+    texts = [[3, 9, 1, 2, 3], [4, 4, 4, 4, 4, 7], [5, 1, 5, 2, 2]]
+    ours = [[[2, 0], [0, 0]], [[2, 0]], [[1, 0], [1, 0]]]  # what our float32 text would give (different)
+    prepared = {
+        "profiles": {"bf16": "x.latency-llamacpp-bf16.json"},
+        "documents": {"bf16": _document([0.01, 0.015, 0.02])},
+        "steps": {"2": ours},
+    }
+    own = {"bf16": list(zip(prompts, texts, strict=True))}
+    [prediction] = bench_llamacpp.predictions(prepared, [], max_new_tokens=6, texts=own)
+    steps = [bench_llamacpp.text_steps(p, t, 2) for p, t in own["bf16"]]
+    expected = held_out_prediction(
+        {1: 0.01, 2: 0.015, 3: 0.02}, steps, [5, 5, 5], 2, lookup_time=0.001, token_time=0.002
+    )
+    assert prediction["predicted"] == pytest.approx(expected["speedup"])
+    assert prediction["acceptance_from"] == "llama.cpp's own text"
+    [fallback] = bench_llamacpp.predictions(prepared, [], max_new_tokens=6, texts={"f32": own["bf16"]})
+    assert fallback["acceptance_from"] == "our float32 text" and fallback["predicted"] != pytest.approx(
+        expected["speedup"]
+    )
+    # own_texts reads the plain llamacpp row of the first round of every prompt.
+    key = RowKey("llamacpp", "bfloat16", 0.0)
+    done = [{key: Record(tokens=5, seconds=1.0, token_ids=t)} for t in texts]
+    assert bench_llamacpp.own_texts(done, prompts, ["bf16", "f32"]) == own
+
+
 def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     from experiments.cli import main
     from experiments.commands import bench as command
@@ -328,6 +383,7 @@ def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
     assert result["llamacpp"] is not None and (tmp_path / "bench.latency-llamacpp-f32-during.json").is_file()
     for p in result["llamacpp"]["predictions"]:
         assert p["costs"] == "between the rounds"
+        assert p["acceptance_from"] == "llama.cpp's own text"
         assert (p["t_ratio"], p["t_ratio_during"], p["t_ratio_after"]) == pytest.approx((1.4, 1.4, 1.2))
     assert "t(n) charged: between the rounds" in (tmp_path / "bench.md").read_text()
     steps = json.loads((tmp_path / "bench.lookup-steps-k2.json").read_text())["steps"]
