@@ -11,9 +11,10 @@ Before the timed rounds (:func:`prepare`):
   tokens decodes every bench prompt greedily in float32, untimed; per prompt, each step's (drafted,
   accepted) counts (``OUT.lookup-steps-kK.json``), and the pooled acceptance by position
   (``OUT.acceptance-lookup-kK.json``, for ``specbound plan-length --acceptance``: its fixed-K rule assumes
-  every step drafts K tokens, an upper estimate when lookups find shorter or no matches). After the rounds,
-  where llama.cpp's plain greedy text of a weight format differs from ours (BF16 and Q4_1 round differently),
-  the steps come from its own text instead (:func:`text_steps` on :func:`own_texts`).
+  every step drafts K tokens, an upper estimate when lookups find shorter or no matches). After the rounds the
+  steps come from the text llama.cpp's prompt lookup produced instead (:func:`text_steps` on
+  :func:`own_texts`): its BF16 and Q4_1 texts are not ours, and lookup's batched passes may leave its own
+  plain greedy path.
 
 Between the rounds (:func:`profile_between_rounds`, after every round: one warm-up and two timed passes per size
 and format, pooled over the run into ``OUT.latency-llamacpp-W-during.json``) and after them
@@ -105,21 +106,28 @@ def text_steps(prompt: list[int], text: list[int], lookup: int) -> list[list[int
     return steps
 
 
-def own_texts(done: list[dict], prompts: list[list[int]], weights) -> dict:
-    """``{weights: [(prompt, text), ...]}``: llama.cpp's plain greedy text of every prompt (its ``llamacpp`` row
-    in the first round that ran the prompt), for the weight formats that ran."""
+def own_texts(done: list[dict], prompts: list[list[int]], weights, lookups) -> dict:
+    """``{(weights, K): [(prompt, text), ...]}``: the greedy text llama.cpp's prompt lookup with ``K`` draft tokens
+    produced for every prompt (its ``llamacpp-lookup-kK`` row, in the first round that ran the prompt), for the
+    weight formats and ``K`` that ran on every prompt.
+
+    Its own text, not its plain decoding's: in BF16 a pass over several tokens rounds differently from a
+    one-token pass, so lookup decoding can leave the plain greedy path (measured: 1 of 5 prompts, after 19
+    tokens, into a repetitive one that took 72 steps where the plain text takes 106).
+    """
     from experiments.bench import RowKey
     from experiments.bench_rows import LLAMACPP_DTYPES
 
     out = {}
     for name in weights:
-        key = RowKey("llamacpp", LLAMACPP_DTYPES[name], 0.0)
-        texts = {}
-        for index, round_records in enumerate(done):
-            if key in round_records:
-                texts.setdefault(index % len(prompts), round_records[key].token_ids)
-        if len(texts) == len(prompts):
-            out[name] = [(prompts[i], texts[i]) for i in range(len(prompts))]
+        for lookup in lookups:
+            key = RowKey(f"llamacpp-lookup-k{lookup}", LLAMACPP_DTYPES[name], 0.0)
+            texts = {}
+            for index, round_records in enumerate(done):
+                if key in round_records:
+                    texts.setdefault(index % len(prompts), round_records[key].token_ids)
+            if len(texts) == len(prompts):
+                out[(name, int(lookup))] = [(prompts[i], texts[i]) for i in range(len(prompts))]
     return out
 
 
@@ -238,9 +246,9 @@ def predictions(
 ) -> list[dict]:
     """Predicted against measured speedup of llama.cpp's prompt lookup, per weight format and ``K``.
 
-    The acceptance comes from llama.cpp's own greedy text of each weight format where ``texts`` (see
-    :func:`own_texts`) has it (:func:`text_steps`; each prompt still predicted from the *other* prompts), else
-    from our float32 decoding's steps.
+    The acceptance comes from the text llama.cpp's prompt lookup produced where ``texts`` (see :func:`own_texts`)
+    has it (:func:`text_steps`; each prompt still predicted from the *other* prompts), else from our float32
+    decoding's steps.
     """
     from experiments.bench_rows import LLAMACPP_DTYPES
     from experiments.peer_predict import held_out_prediction
@@ -258,8 +266,10 @@ def predictions(
         plain = by_key.get(("llamacpp", dtype))
         for lookup, steps in prepared["steps"].items():
             source = "our float32 text"
-            if texts and weights in texts:
-                steps = [text_steps(prompt, text, int(lookup)) for prompt, text in texts[weights]]
+            if texts and (weights, int(lookup)) in texts:
+                steps = [
+                    text_steps(prompt, text, int(lookup)) for prompt, text in texts[(weights, int(lookup))]
+                ]
                 source = "llama.cpp's own text"
             lookup_row = by_key.get((f"llamacpp-lookup-k{lookup}", dtype))
             predicted = held_out_prediction(

@@ -252,7 +252,7 @@ def run(args) -> int:
             **profile_after(config, profiled, context, stem),
             **write_profiles_during(part, stem),
         }
-        texts = own_texts(done, prompts, config.peer_weights)
+        texts = own_texts(done, prompts, config.peer_weights, config.lookups)
         result["llamacpp"] = section(result["rows"], measured, args.max_new_tokens, texts)
     print(write_report(result, args.out))
     return 0

@@ -318,22 +318,25 @@ def test_prediction_takes_the_acceptance_from_llamacpps_own_text_of_the_other_pr
         "documents": {"bf16": _document([0.01, 0.015, 0.02])},
         "steps": {"2": ours},
     }
-    own = {"bf16": list(zip(prompts, texts, strict=True))}
+    own = {("bf16", 2): list(zip(prompts, texts, strict=True))}
     [prediction] = bench_llamacpp.predictions(prepared, [], max_new_tokens=6, texts=own)
-    steps = [bench_llamacpp.text_steps(p, t, 2) for p, t in own["bf16"]]
+    steps = [bench_llamacpp.text_steps(p, t, 2) for p, t in own[("bf16", 2)]]
     expected = held_out_prediction(
         {1: 0.01, 2: 0.015, 3: 0.02}, steps, [5, 5, 5], 2, lookup_time=0.001, token_time=0.002
     )
     assert prediction["predicted"] == pytest.approx(expected["speedup"])
     assert prediction["acceptance_from"] == "llama.cpp's own text"
-    [fallback] = bench_llamacpp.predictions(prepared, [], max_new_tokens=6, texts={"f32": own["bf16"]})
+    others = {("f32", 2): own[("bf16", 2)], ("bf16", 10): own[("bf16", 2)]}  # another format, another K
+    [fallback] = bench_llamacpp.predictions(prepared, [], max_new_tokens=6, texts=others)
     assert fallback["acceptance_from"] == "our float32 text" and fallback["predicted"] != pytest.approx(
         expected["speedup"]
     )
-    # own_texts reads the plain llamacpp row of the first round of every prompt.
-    key = RowKey("llamacpp", "bfloat16", 0.0)
-    done = [{key: Record(tokens=5, seconds=1.0, token_ids=t)} for t in texts]
-    assert bench_llamacpp.own_texts(done, prompts, ["bf16", "f32"]) == own
+    # own_texts reads the lookup row of each K, in the first round of every prompt (a second round repeats).
+    key, plain = RowKey("llamacpp-lookup-k2", "bfloat16", 0.0), RowKey("llamacpp", "bfloat16", 0.0)
+    done = [
+        {key: Record(tokens=5, seconds=1.0, token_ids=t), plain: Record(5, 1.0)} for t in [*texts, [0], [0]]
+    ]
+    assert bench_llamacpp.own_texts(done, prompts, ["bf16", "f32"], [2, 10]) == own
 
 
 def test_bench_peer_llamacpp_end_to_end_with_fakes(monkeypatch, tmp_path):
