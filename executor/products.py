@@ -36,7 +36,8 @@ weight too.
 small C++ kernels instead of oneDNN's (``executor/csrc/f32_linear.cpp`` and ``bf16_linear.cpp``,
 :data:`NATIVE_KERNELS`): the weight is copied once into a layout of 16 output rows per 64-byte load (bfloat16 also
 keeps pairs of inputs together, as VDPBF16PS reads them; :func:`_native_copy`), each thread streams its share of
-it, and one FMA or VDPBF16PS adds to 16 float32 accumulators (bfloat16 outputs rounded once). There is no fixed
+it, and one FMA or VDPBF16PS adds to 16 float32 accumulators (bfloat16 outputs rounded once; how many blocks share
+a pass, 4 or 6, is measured per process: :func:`_native_group`). There is no fixed
 cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token took 7.4 ms in bfloat16 against
 12.6 on oneDNN's packed weights for one row (11.4 against 13.8 for 8 rows), and 16.6 against 23.9 in float32
 (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
@@ -49,7 +50,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -157,6 +160,10 @@ NATIVE_KERNELS = {
     torch.float32: ("f32_linear.cpp", ("avx512f",), ("-mavx512f",), "specbound_native_f32::f32_linear"),
 }
 _NATIVE: dict = {}  # dtype -> its loaded operator, or None where it is not offered or failed (tried once)
+#: Group sizes of the bfloat16 kernel (blocks of 16 outputs that share each pass over the inputs). Which is faster
+#: depends on the CPU and no output bit does (docs/bench.md: G = 6 was 3.5-11% faster than 4 at 1-8 rows on an
+#: Intel Xeon with AMX; 4 was chosen on an AMD Zen 4), so each process measures (:func:`_native_group`).
+NATIVE_GROUPS = (4, 6)
 
 
 def native_available(dtype: torch.dtype) -> bool:
@@ -222,11 +229,59 @@ def _load_native(dtype: torch.dtype):
             operator(x, _native_copy(weight), weight.shape[0]), expected, rtol=1e-2, atol=1e-2
         ):
             raise RuntimeError("its probe product disagrees with float64")
+        if dtype == torch.bfloat16:
+            group = _native_group(operator)
+            raw = operator
+
+            def operator(x, packed, out_features):
+                return raw(x, packed, out_features, group)
+
+            operator.group = group
     except Exception as error:  # no source, compiler or ninja, a failed probe: oneDNN's product instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"specbound: the {label} is unavailable ({reason}); using oneDNN", file=sys.stderr)
         return None
     return operator
+
+
+#: What :func:`_native_group` times: 8 of SmolLM2-135M's layers (fused q/k/v, output, fused gate/up, down) and its
+#: LM head, 112 MB in bfloat16: larger than a CPU's caches, as a forward's weights are.
+TUNING_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 8 + [(49152, 576)]
+
+
+def _native_group(operator, repeats: int = 5) -> int:
+    """The bfloat16 kernel's group size for this process: ``SPECBOUND_NATIVE_GROUP`` when set, else the faster
+    of :data:`NATIVE_GROUPS` on the products of :data:`TUNING_SHAPES` at 1 and 3 rows, interleaved, medians of
+    ``repeats`` after one warm-up round; a larger group only when it is 2% faster. About 0.5 s, once per process."""
+    forced = os.environ.get("SPECBOUND_NATIVE_GROUP")
+    if forced is not None:
+        if forced not in {str(g) for g in NATIVE_GROUPS}:
+            raise ValueError(f"SPECBOUND_NATIVE_GROUP must be one of {NATIVE_GROUPS}, got {forced!r}")
+        return int(forced)
+    generator = torch.Generator().manual_seed(0)
+    packed = [
+        (_native_copy(torch.randn(shape, generator=generator).to(torch.bfloat16)), shape)
+        for shape in TUNING_SHAPES
+    ]
+    inputs = {
+        k: torch.randn(3, k, generator=generator).to(torch.bfloat16)
+        for k in sorted({shape[1] for shape in TUNING_SHAPES})
+    }
+    times = {group: [] for group in NATIVE_GROUPS}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for group in NATIVE_GROUPS:
+                start = time.perf_counter()
+                for rows in (1, 3):
+                    for weight, (out_features, in_features) in packed:
+                        operator(inputs[in_features][:rows], weight, out_features, group)
+                times[group].append(time.perf_counter() - start)
+    medians = {group: statistics.median(values[1:]) for group, values in times.items()}
+    best = NATIVE_GROUPS[0]
+    for group in NATIVE_GROUPS[1:]:
+        if medians[group] < 0.98 * medians[best]:
+            best = group
+    return best
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

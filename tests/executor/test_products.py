@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import time
 import weakref
 
 import pytest
@@ -252,6 +253,57 @@ def test_packed_products_run_on_the_native_kernel_and_follow_their_weight(dtype)
             odd = torch.randn(48, 63).bfloat16()
             packed_linear(torch.randn(1, 63).bfloat16(), odd)
             assert odd in products._PACKED and odd not in products._PACKED_NATIVE
+
+
+@pytest.mark.parametrize("dtype", [native_kernel(torch.bfloat16)], ids=["bfloat16"])
+@given(
+    n=st.integers(1, 20),
+    rows=st.sampled_from([1, 16, 17, 96, 97, 200, 300]),
+    columns=st.sampled_from([2, 30, 576]),
+    seed=seeds,
+)
+def test_the_bfloat16_group_size_changes_no_output_bit(dtype, n, rows, columns, seed):
+    # Around multiples of 4 and 6 blocks of 16 rows (96 = 6 blocks), with row chunks of up to 8 and beyond.
+    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, columns, generator=generator).to(dtype)
+    weight = torch.randn(rows, columns, generator=generator).to(dtype)
+    packed = products._native_copy(weight)
+    raw = torch.ops.specbound_native.bf16_linear
+    assert torch.equal(raw(x, packed, rows, 4), raw(x, packed, rows, 6))
+    assert torch.equal(raw(x, packed, rows), raw(x, packed, rows, 4))  # the schema's default
+    assert products._native_op(dtype).group in products.NATIVE_GROUPS
+
+
+@pytest.mark.parametrize("dtype", [native_kernel(torch.bfloat16)], ids=["bfloat16"])
+def test_the_bfloat16_kernel_refuses_another_group_size(dtype):
+    assert products.native_available(dtype)
+    weight = torch.randn(16, 8).bfloat16()
+    with pytest.raises(RuntimeError, match="group must be 4 or 6"):
+        torch.ops.specbound_native.bf16_linear(
+            torch.randn(1, 8).bfloat16(), products._native_copy(weight), 16, 5
+        )
+
+
+def test_the_group_size_is_the_measured_faster_one_or_the_one_asked_for(monkeypatch):
+    def slower(slow_group):  # a fake kernel: every product of ``slow_group`` takes 0.2 ms longer
+        def operator(x, packed, out_features, group):
+            if group == slow_group:
+                end = time.perf_counter() + 2e-4
+                while time.perf_counter() < end:
+                    pass
+
+        return operator
+
+    monkeypatch.setattr(products, "TUNING_SHAPES", [(32, 8)] * 3)
+    monkeypatch.delenv("SPECBOUND_NATIVE_GROUP", raising=False)
+    assert products._native_group(slower(4)) == 6
+    assert products._native_group(slower(6)) == 4
+    monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "6")
+    assert products._native_group(slower(6)) == 6
+    monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "5")
+    with pytest.raises(ValueError, match="SPECBOUND_NATIVE_GROUP must be one of"):
+        products._native_group(slower(6))
 
 
 def test_the_native_kernels_can_be_turned_off(monkeypatch):
