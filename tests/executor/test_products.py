@@ -45,6 +45,15 @@ def native_kernel(dtype):
     )
 
 
+def native_operands(dtype, n, rows, columns, seed):
+    """Random activations ``(n, columns)`` and weight ``(rows, columns)`` for the native kernel of ``dtype``, which
+    must have built (a kernel that fails its probe would silently fall back to oneDNN)."""
+    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, columns, generator=generator).to(dtype)
+    return x, torch.randn(rows, columns, generator=generator).to(dtype)
+
+
 native_dtypes = pytest.mark.parametrize(
     "dtype", [native_kernel(torch.bfloat16), native_kernel(torch.float32)], ids=["bfloat16", "float32"]
 )
@@ -224,10 +233,7 @@ def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_
 def test_native_kernel_is_the_exact_product_rounded_once(dtype, n, rows, columns, seed):
     # Called directly, on row counts around its 16-row blocks. Products of bfloat16 are exact in float32 and
     # bfloat16 rounds the float32 sum once (2**-8); float32 sums round each step (2**-24 per term).
-    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, columns, generator=generator).to(dtype)
-    weight = torch.randn(rows, columns, generator=generator).to(dtype)
+    x, weight = native_operands(dtype, n, rows, columns, seed)
     exact = x.double() @ weight.double().T
     operator, packed = products._native_op(dtype), products._native_copy(weight)
     result = operator(x, packed, rows)
@@ -264,10 +270,7 @@ def test_packed_products_run_on_the_native_kernel_and_follow_their_weight(dtype)
 )
 def test_the_bfloat16_group_size_changes_no_output_bit(dtype, n, rows, columns, seed):
     # Around multiples of 4 and 6 blocks of 16 rows (96 = 6 blocks), with row chunks of up to 8 and beyond.
-    assert products.native_available(dtype), "the kernel did not build or failed its probe (see stderr)"
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, columns, generator=generator).to(dtype)
-    weight = torch.randn(rows, columns, generator=generator).to(dtype)
+    x, weight = native_operands(dtype, n, rows, columns, seed)
     packed = products._native_copy(weight)
     raw = torch.ops.specbound_native.bf16_linear
     assert torch.equal(raw(x, packed, rows, 4), raw(x, packed, rows, 6))
