@@ -37,7 +37,7 @@ small C++ kernels instead of oneDNN's (``executor/csrc/f32_linear.cpp`` and ``bf
 :data:`NATIVE_KERNELS`): the weight is copied once into a layout of 16 output rows per 64-byte load (bfloat16 also
 keeps pairs of inputs together, as VDPBF16PS reads them; :func:`_native_copy`), each thread streams its share of
 it, and one FMA or VDPBF16PS adds to 16 float32 accumulators (bfloat16 outputs rounded once; how many blocks share
-a pass, 4 or 6, is measured per process: :func:`_native_group`). There is no fixed
+a pass, 4 or 6, is measured per process and dtype: :func:`_native_group`). There is no fixed
 cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token took 7.4 ms in bfloat16 against
 12.6 on oneDNN's packed weights for one row (11.4 against 13.8 for 8 rows), and 16.6 against 23.9 in float32
 (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
@@ -160,9 +160,10 @@ NATIVE_KERNELS = {
     torch.float32: ("f32_linear.cpp", ("avx512f",), ("-mavx512f",), "specbound_native_f32::f32_linear"),
 }
 _NATIVE: dict = {}  # dtype -> its loaded operator, or None where it is not offered or failed (tried once)
-#: Group sizes of the bfloat16 kernel (blocks of 16 outputs that share each pass over the inputs). Which is faster
-#: depends on the CPU and no output bit does (docs/bench.md: G = 6 was 3.5-11% faster than 4 at 1-8 rows on an
-#: Intel Xeon with AMX; 4 was chosen on an AMD Zen 4), so each process measures (:func:`_native_group`).
+#: Group sizes of the native kernels (blocks of 16 outputs that share each pass over the inputs). Which is faster
+#: depends on the CPU and no output bit does (docs/bench.md: on an Intel Xeon with AMX G = 6 was 3.5-11% faster
+#: than 4 at 1-8 rows in bfloat16 and 1.7-6% in float32; 4 was chosen on an AMD Zen 4), so each process measures
+#: (:func:`_native_group`).
 NATIVE_GROUPS = (4, 6)
 
 
@@ -229,14 +230,13 @@ def _load_native(dtype: torch.dtype):
             operator(x, _native_copy(weight), weight.shape[0]), expected, rtol=1e-2, atol=1e-2
         ):
             raise RuntimeError("its probe product disagrees with float64")
-        if dtype == torch.bfloat16:
-            group = _native_group(operator)
-            raw = operator
+        group = _native_group(operator, dtype)
+        raw = operator
 
-            def operator(x, packed, out_features):
-                return raw(x, packed, out_features, group)
+        def operator(x, packed, out_features):
+            return raw(x, packed, out_features, group)
 
-            operator.group = group
+        operator.group = group
     except Exception as error:  # no source, compiler or ninja, a failed probe: oneDNN's product instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"specbound: the {label} is unavailable ({reason}); using oneDNN", file=sys.stderr)
@@ -249,10 +249,11 @@ def _load_native(dtype: torch.dtype):
 TUNING_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 8 + [(49152, 576)]
 
 
-def _native_group(operator, repeats: int = 5) -> int:
-    """The bfloat16 kernel's group size for this process: ``SPECBOUND_NATIVE_GROUP`` when set, else the faster
+def _native_group(operator, dtype: torch.dtype, repeats: int = 5) -> int:
+    """The ``dtype`` kernel's group size for this process: ``SPECBOUND_NATIVE_GROUP`` when set, else the faster
     of :data:`NATIVE_GROUPS` on the products of :data:`TUNING_SHAPES` at 1 and 3 rows, interleaved, medians of
-    ``repeats`` after one warm-up round; a larger group only when it is 2% faster. About 0.5 s, once per process."""
+    ``repeats`` after one warm-up round; a larger group only when it is 2% faster. About 0.5 s (bfloat16) and 1 s
+    (float32), once per process."""
     forced = os.environ.get("SPECBOUND_NATIVE_GROUP")
     if forced is not None:
         if forced not in {str(g) for g in NATIVE_GROUPS}:
@@ -260,11 +261,10 @@ def _native_group(operator, repeats: int = 5) -> int:
         return int(forced)
     generator = torch.Generator().manual_seed(0)
     packed = [
-        (_native_copy(torch.randn(shape, generator=generator).to(torch.bfloat16)), shape)
-        for shape in TUNING_SHAPES
+        (_native_copy(torch.randn(shape, generator=generator).to(dtype)), shape) for shape in TUNING_SHAPES
     ]
     inputs = {
-        k: torch.randn(3, k, generator=generator).to(torch.bfloat16)
+        k: torch.randn(3, k, generator=generator).to(dtype)
         for k in sorted({shape[1] for shape in TUNING_SHAPES})
     }
     times = {group: [] for group in NATIVE_GROUPS}

@@ -50,8 +50,7 @@ void group_kernel(const at::BFloat16* packed, const at::BFloat16* x, at::BFloat1
     }
 }
 
-// group = G, the blocks that share each pass (4 or 6): which is faster depends on the CPU (docs/bench.md), the
-// outputs do not (each is still one sum over p in order).
+// group = G, the blocks that share each pass (4 or 6; row_chunks.h).
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
               "bf16_linear: x and the packed weight must be bfloat16");
@@ -60,23 +59,18 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   const int64_t blocks = packed.size(0), pairs = packed.size(1), K = 2 * pairs, N = out_features;
   TORCH_CHECK(x.size(-1) == K && N <= 16 * blocks && N > 16 * (blocks - 1), "bf16_linear: shapes ", x.sizes(),
               " and ", packed.sizes(), " (", N, " outputs) do not multiply");
-  TORCH_CHECK(group == 4 || group == 6, "bf16_linear: group must be 4 or 6, got ", group);
   const at::Tensor rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   const auto* wp = packed.data_ptr<at::BFloat16>();
   const auto* xp = rows.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
-  auto run = [&](auto blocks_per_pass) {
+  specbound_native::with_group(group, [&](auto blocks_per_pass) {
     constexpr int G = decltype(blocks_per_pass)::value;
     specbound_native::for_each_group<G>(blocks, M, [&](int64_t b0, int64_t m0, auto count) {
       group_kernel<G, decltype(count)::value>(wp, xp, yp, pairs, K, N, b0, blocks, m0);
     });
-  };
-  if (group == 6)
-    run(std::integral_constant<int, 6>{});
-  else
-    run(std::integral_constant<int, 4>{});
+  });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;
   return y.view(shape);

@@ -16,7 +16,7 @@ namespace {
 
 // G blocks of 16 rows share each pass over k, for C activation rows (C * G accumulators; row_chunks.h).
 template <int G, int C>
-void group(const float* packed, const float* x, float* y, int64_t K, int64_t N, int64_t b0, int64_t blocks,
+void group_kernel(const float* packed, const float* x, float* y, int64_t K, int64_t N, int64_t b0, int64_t blocks,
            int64_t m0) {
   __m512 acc[C][G];
   for (int m = 0; m < C; ++m)
@@ -39,7 +39,8 @@ void group(const float* packed, const float* x, float* y, int64_t K, int64_t N, 
     }
 }
 
-at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+// group = G, the blocks that share each pass (4 or 6; row_chunks.h).
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
               "f32_linear: x and the packed weight must be float32");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous(),
@@ -53,9 +54,11 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out
   const float* wp = packed.data_ptr<float>();
   const float* xp = rows.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  constexpr int G = 4;
-  specbound_native::for_each_group<G>(blocks, M, [&](int64_t b0, int64_t m0, auto count) {
-    group<G, decltype(count)::value>(wp, xp, yp, K, N, b0, blocks, m0);
+  specbound_native::with_group(group, [&](auto blocks_per_pass) {
+    constexpr int G = decltype(blocks_per_pass)::value;
+    specbound_native::for_each_group<G>(blocks, M, [&](int64_t b0, int64_t m0, auto count) {
+      group_kernel<G, decltype(count)::value>(wp, xp, yp, K, N, b0, blocks, m0);
+    });
   });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;
@@ -65,6 +68,6 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out
 }  // namespace
 
 TORCH_LIBRARY(specbound_native_f32, m) {
-  m.def("f32_linear(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("f32_linear(Tensor x, Tensor packed, int out_features, int group=4) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(specbound_native_f32, CPU, m) { m.impl("f32_linear", &f32_linear); }

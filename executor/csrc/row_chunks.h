@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -30,7 +31,16 @@ inline void with_row_count(int64_t count, Kernel&& kernel) {
 
 // Runs group(b0, m0, C) over every group of G blocks (in parallel) and every chunk of the M rows: balanced chunks
 // of at most 8 rows, each chunk one pass over the weights. G = 4 was measured best from 1 to 16 rows in both
-// dtypes on an AMD Zen 4 (G <= 4 tried); bfloat16 lets the caller choose 4 or 6 (6 was faster on an Intel Xeon).
+// dtypes on an AMD Zen 4 (G <= 4 tried); 6 was faster on an Intel Xeon, so the caller chooses (with_group).
+// Calls run(std::integral_constant<int, G>{}) with G == group, the blocks that share each pass: 4 or 6. Which is
+// faster depends on the CPU and no output does (each is one sum over k in order); executor.products measures it.
+template <typename Run>
+inline void with_group(int64_t group, Run&& run) {
+  TORCH_CHECK(group == 4 || group == 6, "group must be 4 or 6, got ", group);
+  if (group == 6) return run(std::integral_constant<int, 6>{});
+  return run(std::integral_constant<int, 4>{});
+}
+
 template <int G, typename Group>
 inline void for_each_group(int64_t blocks, int64_t M, Group&& group) {
   const int64_t chunks = std::max<int64_t>((M + 7) / 8, 1), per = (M + chunks - 1) / chunks;

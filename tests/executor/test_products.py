@@ -261,31 +261,35 @@ def test_packed_products_run_on_the_native_kernel_and_follow_their_weight(dtype)
             assert odd in products._PACKED and odd not in products._PACKED_NATIVE
 
 
-@pytest.mark.parametrize("dtype", [native_kernel(torch.bfloat16)], ids=["bfloat16"])
+def raw_native_op(dtype):
+    """The kernel's own operator, which takes the group size."""
+    if dtype == torch.bfloat16:
+        return torch.ops.specbound_native.bf16_linear
+    return torch.ops.specbound_native_f32.f32_linear
+
+
+@native_dtypes
 @given(
     n=st.integers(1, 20),
     rows=st.sampled_from([1, 16, 17, 96, 97, 200, 300]),
     columns=st.sampled_from([2, 30, 576]),
     seed=seeds,
 )
-def test_the_bfloat16_group_size_changes_no_output_bit(dtype, n, rows, columns, seed):
+def test_the_group_size_changes_no_output_bit(dtype, n, rows, columns, seed):
     # Around multiples of 4 and 6 blocks of 16 rows (96 = 6 blocks), with row chunks of up to 8 and beyond.
     x, weight = native_operands(dtype, n, rows, columns, seed)
-    packed = products._native_copy(weight)
-    raw = torch.ops.specbound_native.bf16_linear
+    packed, raw = products._native_copy(weight), raw_native_op(dtype)
     assert torch.equal(raw(x, packed, rows, 4), raw(x, packed, rows, 6))
     assert torch.equal(raw(x, packed, rows), raw(x, packed, rows, 4))  # the schema's default
     assert products._native_op(dtype).group in products.NATIVE_GROUPS
 
 
-@pytest.mark.parametrize("dtype", [native_kernel(torch.bfloat16)], ids=["bfloat16"])
-def test_the_bfloat16_kernel_refuses_another_group_size(dtype):
+@native_dtypes
+def test_the_kernels_refuse_another_group_size(dtype):
     assert products.native_available(dtype)
-    weight = torch.randn(16, 8).bfloat16()
+    weight = torch.randn(16, 8).to(dtype)
     with pytest.raises(RuntimeError, match="group must be 4 or 6"):
-        torch.ops.specbound_native.bf16_linear(
-            torch.randn(1, 8).bfloat16(), products._native_copy(weight), 16, 5
-        )
+        raw_native_op(dtype)(torch.randn(1, 8).to(dtype), products._native_copy(weight), 16, 5)
 
 
 def test_the_group_size_is_the_measured_faster_one_or_the_one_asked_for(monkeypatch):
@@ -300,13 +304,13 @@ def test_the_group_size_is_the_measured_faster_one_or_the_one_asked_for(monkeypa
 
     monkeypatch.setattr(products, "TUNING_SHAPES", [(32, 8)] * 3)
     monkeypatch.delenv("SPECBOUND_NATIVE_GROUP", raising=False)
-    assert products._native_group(slower(4)) == 6
-    assert products._native_group(slower(6)) == 4
+    assert products._native_group(slower(4), torch.float32) == 6
+    assert products._native_group(slower(6), torch.bfloat16) == 4
     monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "6")
-    assert products._native_group(slower(6)) == 6
+    assert products._native_group(slower(6), torch.bfloat16) == 6
     monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "5")
     with pytest.raises(ValueError, match="SPECBOUND_NATIVE_GROUP must be one of"):
-        products._native_group(slower(6))
+        products._native_group(slower(6), torch.bfloat16)
 
 
 def test_the_native_kernels_can_be_turned_off(monkeypatch):
