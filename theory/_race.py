@@ -359,7 +359,7 @@ def newton_fit(
     :math:`\|r - r^*\|_1` or :math:`\Psi` decreases; otherwise the plain step :math:`H^{-1}(r^* - r)`,
     halved until one of them decreases (:math:`\Psi` is evaluated only when the error does not drop; the error
     guards the round-off floor of :math:`\Psi`). Stops at ``tolerance``, when no step is accepted, or when a
-    step near the tolerance no longer halves the error. Returns the log-weights with the smallest
+    step near the tolerance no longer halves the error (two such steps in a row above ``10 * tolerance``). Returns the log-weights with the smallest
     :math:`\|r - r^*\|_1` seen and their exact marginal.
     """
     low, high = bounds
@@ -372,6 +372,7 @@ def newton_fit(
     error = np.abs(r - target).sum()
     best = (error, log_weights, r)
     psi = None  # Psi is only needed when a step does not reduce the error
+    slow_steps = 0  # consecutive accepted steps near the tolerance that did not halve the error
     for _ in range(max_iterations):
         if error <= tolerance:
             break
@@ -410,10 +411,12 @@ def newton_fit(
                 break
         if accepted is None:
             break
-        stalled = trial_error > 0.5 * error and error < 1e3 * tolerance
+        slow_steps = slow_steps + 1 if trial_error > 0.5 * error and error < 1e3 * tolerance else 0
         log_weights, r, error, hessian, psi = trial, trial_r, trial_error, trial_hessian, None
         if error < best[0]:
             best = (error, log_weights, r)
-        if stalled:
+        # Round-off stops progress within a few tolerances; above that, one slow step (a huge move of a tiny
+        # unit that nudged the others by 1e-9) is followed by a quadratic one, so it takes two to stop.
+        if slow_steps >= (1 if error <= 10 * tolerance else 2):
             break
     return best[1], best[2]

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 race = importlib.import_module("theory._race")
@@ -117,7 +117,13 @@ def test_singleton_bounds_are_the_limits_of_one_units_marginal(case, data):
         assert abs(r[unit] - bound[unit]) <= 1e-12 * _scale(lower, masses, n)[unit]
 
 
+_STALLED_MASSES = 10.0 ** np.array([0.0, -1.0, -10.0])
+
+
 @given(races())
+# CI's draw on 2026-11-27: a tiny unit's long move nudged the two equal units by 1e-9 (error 5.4e-12), and the
+# fit stopped on one step that did not halve the error.
+@example((0.375, _STALLED_MASSES / _STALLED_MASSES.sum() * 0.25, np.array([9.0, 9.0, -4.0]), 2))
 def test_fit_converges_from_its_start_to_a_feasible_target(case):
     """Targets made as the marginal of known weights are feasible; the fit must reach them to round-off."""
     lower, masses, log_weights, n = case
