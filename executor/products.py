@@ -37,7 +37,7 @@ small C++ kernels instead of oneDNN's (``executor/csrc/f32_linear.cpp`` and ``bf
 :data:`NATIVE_KERNELS`): the weight is copied once into a layout of 16 output rows per 64-byte load (bfloat16 also
 keeps pairs of inputs together, as VDPBF16PS reads them; :func:`_native_copy`), each thread streams its share of
 it, and one FMA or VDPBF16PS adds to 16 float32 accumulators (bfloat16 outputs rounded once; how many blocks share
-a pass, 4 or 6, is measured per process and dtype: :func:`_native_group`). There is no fixed
+a pass, 4 or 6, is measured once per CPU and build: :func:`_native_group`). There is no fixed
 cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token took 7.4 ms in bfloat16 against
 12.6 on oneDNN's packed weights for one row (11.4 against 13.8 for 8 rows), and 16.6 against 23.9 in float32
 (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
@@ -49,6 +49,7 @@ one line says why and oneDNN runs. ``SPECBOUND_NATIVE=0`` turns them off.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import statistics
 import sys
@@ -58,6 +59,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
+
+from executor.files import write_json
 
 __all__ = [
     "NATIVE_CPU_BF16",
@@ -162,7 +165,7 @@ NATIVE_KERNELS = {
 _NATIVE: dict = {}  # dtype -> its loaded operator, or None where it is not offered or failed (tried once)
 #: Group sizes of the native kernels (blocks of 16 outputs that share each pass over the inputs). Which is faster
 #: depends on the CPU and no output bit does (docs/bench.md: on an Intel Xeon with AMX G = 6 was 3.5-11% faster
-#: than 4 at 1-8 rows in bfloat16 and 1.7-6% in float32; 4 was chosen on an AMD Zen 4), so each process measures
+#: than 4 at 1-8 rows in bfloat16 and 1.7-6% in float32; 4 was chosen on an AMD Zen 4), so it is measured on each CPU
 #: (:func:`_native_group`).
 NATIVE_GROUPS = (4, 6)
 
@@ -184,13 +187,24 @@ def _native_op(dtype: torch.dtype):
     return _NATIVE.get(dtype)
 
 
-def _cpu_has(flags) -> bool:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (``{}`` where there is none: not Linux)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            found = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
-    except OSError:  # not Linux: the kernels are not offered
-        return False
-    return set(flags) <= set(found)
+            for line in cpuinfo:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def _cpu_has(flags) -> bool:
+    # Not Linux: no flags, and the kernels are not offered.
+    return set(flags) <= set(_cpuinfo().get("flags", "").split())
 
 
 def _load_native(dtype: torch.dtype):
@@ -209,7 +223,8 @@ def _load_native(dtype: torch.dtype):
         parts = [path, *sorted(path.parent.glob("*.h"))]
         digest = hashlib.sha256(b"".join(part.read_bytes() for part in parts)).hexdigest()[:12]
         name = f"specbound_{path.stem}_{digest}"
-        if not Path(cpp_extension._get_build_directory(name, verbose=False), f"{name}.so").is_file():
+        build = Path(cpp_extension._get_build_directory(name, verbose=False))
+        if not (build / f"{name}.so").is_file():
             print(f"specbound: building the {label} (once per machine, ~30 s)", file=sys.stderr)
         cpp_extension.load(
             name=name,
@@ -230,7 +245,7 @@ def _load_native(dtype: torch.dtype):
             operator(x, _native_copy(weight), weight.shape[0]), expected, rtol=1e-2, atol=1e-2
         ):
             raise RuntimeError("its probe product disagrees with float64")
-        group = _native_group(operator, dtype)
+        group = _native_group(operator, dtype, cache=build / "group.json")
         raw = operator
 
         def operator(x, packed, out_features):
@@ -249,16 +264,26 @@ def _load_native(dtype: torch.dtype):
 TUNING_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 8 + [(49152, 576)]
 
 
-def _native_group(operator, dtype: torch.dtype, repeats: int = 5) -> int:
-    """The ``dtype`` kernel's group size for this process: ``SPECBOUND_NATIVE_GROUP`` when set, else the faster
-    of :data:`NATIVE_GROUPS` on the products of :data:`TUNING_SHAPES` at 1 and 3 rows, interleaved, medians of
-    ``repeats`` after one warm-up round; a larger group only when it is 2% faster. About 0.5 s (bfloat16) and 1 s
-    (float32), once per process."""
+def _native_group(operator, dtype: torch.dtype, repeats: int = 5, cache: Path | None = None) -> int:
+    """The ``dtype`` kernel's group size: ``SPECBOUND_NATIVE_GROUP`` when set, else the faster of
+    :data:`NATIVE_GROUPS` on the products of :data:`TUNING_SHAPES` at 1 and 3 rows, interleaved, medians of
+    ``repeats`` after one warm-up round; a larger group only when it is 2% faster. The measurement (about 0.5 s in
+    bfloat16, 0.6 s in float32) is kept in ``cache`` (next to the built kernel) for this CPU, named by its model and
+    flags, so it runs once per machine and kernel build, as the build does."""
     forced = os.environ.get("SPECBOUND_NATIVE_GROUP")
     if forced is not None:
         if forced not in {str(g) for g in NATIVE_GROUPS}:
             raise ValueError(f"SPECBOUND_NATIVE_GROUP must be one of {NATIVE_GROUPS}, got {forced!r}")
         return int(forced)
+    cpu = _cpuinfo()
+    identity = hashlib.sha256(f"{cpu.get('model name')}|{cpu.get('flags')}".encode()).hexdigest()[:16]
+    if cache is not None:
+        try:
+            saved = json.loads(cache.read_text())
+            if saved.get("cpu") == identity and saved.get("group") in NATIVE_GROUPS:
+                return saved["group"]
+        except (OSError, ValueError, AttributeError):  # none yet, or unreadable: measure again
+            pass
     generator = torch.Generator().manual_seed(0)
     packed = [
         (_native_copy(torch.randn(shape, generator=generator).to(dtype)), shape) for shape in TUNING_SHAPES
@@ -281,6 +306,11 @@ def _native_group(operator, dtype: torch.dtype, repeats: int = 5) -> int:
     for group in NATIVE_GROUPS[1:]:
         if medians[group] < 0.98 * medians[best]:
             best = group
+    if cache is not None:
+        try:
+            write_json({"cpu": identity, "group": best, "seconds": medians}, cache)
+        except OSError:  # a read-only build directory: the next process measures again
+            pass
     return best
 
 

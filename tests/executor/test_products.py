@@ -292,25 +292,51 @@ def test_the_kernels_refuse_another_group_size(dtype):
         raw_native_op(dtype)(torch.randn(1, 8).to(dtype), products._native_copy(weight), 16, 5)
 
 
+def fake_kernel(slow_group, calls=None):
+    """A kernel that records its group sizes in ``calls`` and takes 0.2 ms longer a product in ``slow_group``."""
+
+    def operator(x, packed, out_features, group):
+        if calls is not None:
+            calls.append(group)
+        if group == slow_group:
+            end = time.perf_counter() + 2e-4
+            while time.perf_counter() < end:
+                pass
+
+    return operator
+
+
 def test_the_group_size_is_the_measured_faster_one_or_the_one_asked_for(monkeypatch):
-    def slower(slow_group):  # a fake kernel: every product of ``slow_group`` takes 0.2 ms longer
-        def operator(x, packed, out_features, group):
-            if group == slow_group:
-                end = time.perf_counter() + 2e-4
-                while time.perf_counter() < end:
-                    pass
-
-        return operator
-
     monkeypatch.setattr(products, "TUNING_SHAPES", [(32, 8)] * 3)
     monkeypatch.delenv("SPECBOUND_NATIVE_GROUP", raising=False)
-    assert products._native_group(slower(4), torch.float32) == 6
-    assert products._native_group(slower(6), torch.bfloat16) == 4
+    assert products._native_group(fake_kernel(4), torch.float32) == 6
+    assert products._native_group(fake_kernel(6), torch.bfloat16) == 4
     monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "6")
-    assert products._native_group(slower(6), torch.bfloat16) == 6
+    assert products._native_group(fake_kernel(6), torch.bfloat16) == 6
     monkeypatch.setenv("SPECBOUND_NATIVE_GROUP", "5")
     with pytest.raises(ValueError, match="SPECBOUND_NATIVE_GROUP must be one of"):
-        products._native_group(slower(6), torch.bfloat16)
+        products._native_group(fake_kernel(6), torch.bfloat16)
+
+
+def test_the_measured_group_size_is_kept_for_this_cpu_only(monkeypatch, tmp_path):
+    monkeypatch.setattr(products, "TUNING_SHAPES", [(32, 8)] * 3)
+    monkeypatch.delenv("SPECBOUND_NATIVE_GROUP", raising=False)
+    monkeypatch.setattr(products, "_cpuinfo", lambda: {"model name": "A", "flags": "avx512f"})
+    cache, calls = tmp_path / "group.json", []
+    assert products._native_group(fake_kernel(4, calls), torch.float32, cache=cache) == 6 and calls
+    calls.clear()
+    assert (
+        products._native_group(fake_kernel(6, calls), torch.float32, cache=cache) == 6 and not calls
+    )  # kept
+    monkeypatch.setattr(products, "_cpuinfo", lambda: {"model name": "B", "flags": "avx512f"})
+    assert (
+        products._native_group(fake_kernel(6, calls), torch.float32, cache=cache) == 4 and calls
+    )  # another CPU
+    cache.write_text("not json")
+    calls.clear()
+    assert (
+        products._native_group(fake_kernel(4, calls), torch.float32, cache=cache) == 6 and calls
+    )  # unreadable
 
 
 def test_the_native_kernels_can_be_turned_off(monkeypatch):
