@@ -8,7 +8,8 @@ prompts of :data:`experiments.prompts.OTHER_PROMPTS` instead, to measure, never 
 :mod:`executor.drafters.parse` were chosen from this script's run on problems 100-107, so that the benchmarks
 that report them (problems 0-7 and the prompts of :data:`experiments.prompts.OTHER_PROMPTS`) were not tuned on.
 Prints tokens/s, the ratio to plain decoding and τ per configuration; each decoder's first prompt is run once
-untimed first (oneDNN builds its kernels at the first pass of each shape).
+untimed first (oneDNN builds its kernels at the first pass of each shape). ``--compile`` runs the target
+compiled, as ``specbound bench --compile`` does (the compile time is printed, not timed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from executor.decoders import AutoregressiveDecoder, ChainDecoder, Sampling
 from executor.device import set_threads
 from executor.drafters import LookupFirstDrafter, PromptLookupDrafter, parse_drafter
 from executor.weights import load_model
+from experiments.commands import add_compile_argument, compile_target
+from experiments.commands.bench import COMPILE_SIZES
 from experiments.prompts import humaneval_prompts, prompt_set
 
 LOOKUP_TOKENS = 6
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         help="other: the first --prompts of 5",
     )
     parser.add_argument("--out", default=None, help="write the table as JSON here")
+    add_compile_argument(parser)
     args = parser.parse_args(argv)
     if args.prompt_set == "other":
         try:
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         texts = humaneval_prompts(args.first + args.prompts)[args.first :]
     set_threads(args.threads)
     model, tokenizer = load_model(dtype=getattr(torch, args.dtype))
+    compile_target(model, COMPILE_SIZES, enabled=args.compile)
     prompts = [tokenizer.encode(text) for text in texts]
     built = decoders(model, parse_drafter(args.drafter, model), Sampling(temperature=args.temperature))
     table = measure(built, prompts, args.new_tokens)

@@ -21,8 +21,8 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   the prompt-lookup drafter, ``K`` tokens.
 * for every model drafter ``D`` (early exit at layer L, and the trained feature head when one is cached):
   ``chain-D`` (``gamma`` drafts; Leviathan et al., ICML 2023), ``chain-ngram+D`` (prompt lookup's proposal,
-  up to the largest of ``lookups``, where the context's suffix matches 2 or more tokens, else ``D``'s
-  ``gamma`` drafts: :class:`executor.drafters.LookupFirstDrafter`), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
+  up to the largest of ``lookups``, where the context's suffix matches 2 or more tokens, else one draft of
+  ``D``: :class:`executor.drafters.LookupFirstDrafter` with the defaults of ``--drafter ngram+D``), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
   ``2 gamma + 1`` nodes, or Falcon's pass-by-pass tree for a ``falcon`` drafter, as
   :func:`executor.decoders.default_tree` chooses), ``multidraft-V-nN-D`` (``N`` i.i.d. drafts verified by ``V`` = ``rrs``, recursive
   rejection sampling, or ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025,
@@ -302,7 +302,7 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
         default_tree,
     )
     from executor.drafters import LookupFirstDrafter, PromptLookupDrafter
-    from executor.drafters.parse import LOOKUP_MIN_NGRAM
+    from executor.drafters.parse import LOOKUP_MIN_NGRAM, LOOKUP_MODEL_TOKENS
 
     sampling = Sampling(temperature=temperature)
     gamma = config.gamma
@@ -316,7 +316,7 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
     for label, drafter in drafters.items():
         rows[f"chain-{label}"] = ours(ChainDecoder, drafter, gamma=gamma)
         lookup_first = LookupFirstDrafter(
-            PromptLookupDrafter(min_ngram=LOOKUP_MIN_NGRAM), drafter, model_tokens=gamma
+            PromptLookupDrafter(min_ngram=LOOKUP_MIN_NGRAM), drafter, model_tokens=LOOKUP_MODEL_TOKENS
         )
         rows[f"chain-ngram+{label}"] = ours(ChainDecoder, lookup_first, gamma=max(gamma, *config.lookups))
         rows[f"tree-{label}"] = ours(TreeDecoder, drafter, tree=default_tree(drafter, gamma, 2))

@@ -22,7 +22,7 @@ __all__ = [
 #: a 1-token match, 1.28-1.34x for a 3-token one and 1.36x for prompt lookup alone; docs/benchmarks/bench.md),
 #: not on the prompts the benchmarks report.
 LOOKUP_MIN_NGRAM = 2
-LOOKUP_MODEL_TOKENS = 2
+LOOKUP_MODEL_TOKENS = 1
 
 #: Drafter names on the command line (before the optional ``:ARGUMENT``).
 DRAFTER_KINDS = ("early-exit", "ngram", "model", "feature", "falcon", "exit", "kangaroo")
