@@ -74,6 +74,11 @@ BINS, RETRY_BINS = 96, 384
 RETRY_SHORTFALL = 1e-9
 #: Drafts with ``0 < q`` below this are demoted below every other draft (module docstring).
 NEGLIGIBLE_Q = 1e-300
+#: Grouped builds only where 1 - alpha* is at least this. Closer to alpha* = 1 nearly every prefix is nearly
+#: tight: the buckets keep most tokens single, a unit-level fit of the one large class costs as much as the
+#: exact path's, and on logged SmolLM2 pairs with a trained head (n = 8) the grouping then missed alpha* by
+#: more than RETRY_SHORTFALL (3.7e-6 and below), so the exact path ran after it anyway.
+GROUPED_MIN_ROOM = 1e-5
 #: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
 GROUP_BELOW = OWN_UNIT_MASS
 
@@ -360,10 +365,10 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     built = None
     if group_below > 0:  # the whole row, tokens with q = 0 or negligible left out by bucketed (no copy)
         absent = None if full else np.flatnonzero(~positive)
-        built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n)
-        if built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance: the exact path instead
-            built = None
-        elif not full:  # the tokens left out already point at one extra item
+        built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n, GROUPED_MIN_ROOM)
+        if built is not None and built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance
+            built = None  # the exact path instead
+        elif built is not None and not full:  # the tokens left out already point at one extra item
             r, classes, logs, item, accepted, alpha, minimiser = built
             return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
     support = None if full else np.flatnonzero(positive)
@@ -380,15 +385,18 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
 
 
-def _build_items(items: _buckets.Items, n: int):
+def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0):
     """Marginal of every support token, class and log-weight of every item (in ratio order), the item of every
-    support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens."""
+    support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens; ``None`` when
+    1 - alpha* < ``min_room``."""
     ps, qs = items.p, items.q
     size = ps.shape[0]
     target_mass = prefix_sums(ps)
     draft_mass = np.minimum(prefix_sums(qs), 1.0)
     gap = target_mass - draft_mass**n
     best = gap.min()
+    if -best < min_room:
+        return None
     alpha = float(np.clip(1.0 + best, 0.0, 1.0))
     cuts = np.flatnonzero(gap <= best + TIGHT)
     minimiser = int(head_sums(items.count)[cuts[np.argmin(gap[cuts])]])

@@ -130,6 +130,37 @@ def test_real_top_token_pairs_grouped_match_the_reference():
             assert grouped.shortfall <= 1e-12
 
 
+def _near_one_pair(vocab=4096):
+    """An LM-like pair whose alpha* is within 1e-5 of 1 at n = 8, as a trained head's reduced vocabulary
+    gives: p moves each token of q by ~1%, and token 0, outside q's support, has p = 1e-7."""
+    rng = np.random.default_rng(11)
+    _, q = lm_like_pair(rng, vocab)
+    p = q * np.exp(0.01 * rng.standard_normal(vocab))
+    q[0] = 0.0
+    p[0] = 1e-7 * p.sum()
+    return _normalised(p), _normalised(q)
+
+
+def test_rows_with_alpha_star_near_one_skip_the_grouped_fit(monkeypatch):
+    """1 - alpha* < GROUPED_MIN_ROOM: the grouped build stops after alpha* and the token-by-token path
+    builds the row, bit for bit as with group_below=0 (negative control: with the room at 0 the grouped fit
+    runs to its end)."""
+    p, q = _near_one_pair()
+    built = []
+    original = module._build_items
+    monkeypatch.setattr(module, "_build_items", lambda *args: built.append(original(*args)) or built[-1])
+    grouped = optimal_verifier(p, q, 8, group_below=1.0)
+    assert 0.0 < 1.0 - grouped.alpha_star < module.GROUPED_MIN_ROOM
+    assert built[0] is None and len(built) == 2
+    exact = optimal_verifier(p, q, 8, group_below=0.0)
+    np.testing.assert_array_equal(grouped.marginal, exact.marginal)
+    assert grouped.shortfall == exact.shortfall
+    built.clear()
+    monkeypatch.setattr(module, "GROUPED_MIN_ROOM", 0.0)
+    optimal_verifier(p, q, 8, group_below=1.0)
+    assert built[0] is not None
+
+
 def test_bad_group_below_is_rejected():
     with pytest.raises(ValueError, match="group_below"):
         optimal_verifier([0.5, 0.5], [0.5, 0.5], 2, group_below=-1.0)
