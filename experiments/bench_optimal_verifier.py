@@ -5,14 +5,18 @@ Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [
 :math:`\\alpha^*` and, on the same pair, the exact acceptance of RRS, K-SEQ and (``n = 2``) SpecHub (its own
 hub draft law) and RRS without replacement (a tree node with two children). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
 that sorts by ratio), interleaved, so that the ratio survives a loaded machine. Real pairs are logged by the
-executor (:func:`experiments.real_pairs.log_pairs`: multi-draft decoder, untrained early-exit drafter at
-layer 15, T = 0.7 and 1) and cached under ``--pairs-dir`` (default ``$XDG_CACHE_HOME/specbound/bench_pairs``, resumable). Prints a table and writes JSON
-atomically; the recorded results are in ``docs/benchmarks/optimal_verifier.md``.
+executor (:func:`experiments.real_pairs.log_pairs`: multi-draft decoder, T = 0.7 and 1) for each drafter of
+``--drafters`` (default: the untrained early exit at layer 15 and the trained feature head, ``feature``: the
+cached one, trained first when there is none) and cached under ``--pairs-dir`` (default
+``$XDG_CACHE_HOME/specbound/bench_pairs``, one file per drafter and temperature, named after the drafter and,
+for a trained head, its checkpoint). Prints a table and writes JSON atomically; the recorded results are in
+``docs/benchmarks/optimal_verifier.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from executor.training.checkpoint import cache_root
+from executor.weights import load_model
 from theory import optimal_verifier, optimal_verifier_wor, verifier
 
 DRAFTS = (2, 4, 8)
@@ -38,13 +43,40 @@ def synthetic_pairs(rng: np.random.Generator, count: int, vocab: int, temperatur
         yield p / p.sum(), q / q.sum()
 
 
-def real_pairs(directory: Path, temperature: float, steps: int):
-    """Logged (p, q) at every drafted position, cached in ``directory`` (written atomically)."""
-    path = directory / f"smollm2_T{temperature}_steps{steps}.npz"
+DRAFTERS = ("early-exit:15", "feature")
+
+
+def drafter_slug(spec: str) -> str:
+    """A file-name and label form of a drafter spec: ``early-exit:15`` -> ``early-exit-15``,
+    ``feature:/cache/feature-6e9008efa296-9c096909f3`` -> ``feature-9c096909f3`` (the checkpoint's key)."""
+    kind, _, argument = spec.partition(":")
+    if "/" in argument:
+        argument = Path(argument.rstrip("/")).name.rsplit("-", 1)[-1]
+    return f"{kind}-{argument}" if argument else kind
+
+
+def resolve_drafter(spec: str, load_target) -> str:
+    """``feature`` / ``falcon`` without a path -> the cached checkpoint's spec (trained first, with a message,
+    when there is none), so the pair cache names the head it came from; other specs unchanged."""
+    if spec not in ("feature", "falcon"):
+        return spec
+    from executor.drafters.parse import kind_checkpoint
+
+    return f"{spec}:{kind_checkpoint(load_target()[0], spec)}"
+
+
+def real_pairs(directory: Path, temperature: float, steps: int, drafter: str = DRAFTERS[0], load_target=None):
+    """Logged (p, q) at every drafted position with ``drafter``, cached in ``directory`` (written atomically).
+
+    ``load_target()`` returns ``(model, tokenizer)`` (default: the embedded SmolLM2, loaded by the logger)."""
+    path = directory / f"smollm2_{drafter_slug(drafter)}_T{temperature}_steps{steps}.npz"
     if not path.exists():
         from experiments.real_pairs import log_pairs, save_pairs
 
-        save_pairs(*log_pairs(temperature, steps=steps), path)
+        model, tokenizer = load_target() if load_target is not None else (None, None)
+        save_pairs(
+            *log_pairs(temperature, drafter=drafter, steps=steps, model=model, tokenizer=tokenizer), path
+        )
     data = np.load(path)
     return list(zip(data["p"], data["q"], strict=True))
 
@@ -195,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cache of logged pairs (default: $XDG_CACHE_HOME/specbound/bench_pairs; ~170 MB)",
     )
     parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt when logging real pairs")
+    parser.add_argument(
+        "--drafters",
+        default=",".join(DRAFTERS),
+        help="comma-separated drafters whose real pairs are logged (any `specbound generate --drafter` spec; "
+        "default: %(default)s, the untrained early exit and the cached trained feature head)",
+    )
     parser.add_argument("--synthetic", type=int, default=20, help="synthetic pairs per temperature")
     parser.add_argument(
         "--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB, help="V of the synthetic pairs"
@@ -215,11 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps and --synthetic must be at least 1 and --synthetic-vocab at least 2")
     if args.wor_tokens < 0 or (args.only_wor and args.wor_tokens < 4):
         parser.error("--wor-tokens must be >= 0 (and >= 4 with --only-wor)")
+    drafters = [spec.strip() for spec in args.drafters.split(",") if spec.strip()]
+    if not drafters:
+        parser.error("--drafters must name at least one drafter")
     rng = np.random.default_rng(SEED)
+    load_target = functools.cache(load_model)
     cases = {}
-    for temperature in (0.7, 1.0):
-        pairs = real_pairs(args.pairs_dir, temperature, args.steps)
-        cases[f"SmolLM2 early-exit, T = {temperature}"] = pairs[:4] if args.quick else pairs
+    for spec in drafters:
+        spec = resolve_drafter(spec, load_target)
+        for temperature in (0.7, 1.0):
+            pairs = real_pairs(args.pairs_dir, temperature, args.steps, spec, load_target)
+            cases[f"SmolLM2 {drafter_slug(spec)}, T = {temperature}"] = pairs[:4] if args.quick else pairs
     for temperature in (0.7, 1.0):
         count = 2 if args.quick else args.synthetic
         cases[f"synthetic V = {args.synthetic_vocab}, T = {temperature}"] = list(
@@ -227,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}, "wor": {}}
     if args.wor_tokens:
-        for label, pairs in list(cases.items())[:2]:
+        for label, pairs in list(cases.items())[: 2 * len(drafters)]:
             for n in (2, 3, 4):
                 rows = [measure_wor(*lumped(p, q, args.wor_tokens), n) for p, q in tqdm(pairs, leave=False)]
                 shortfall = np.array([r["shortfall"] for r in rows])

@@ -12,22 +12,25 @@ from tests.experiments.test_real_pairs import ByteTokenizer
 from tests.tiny_models import build_tiny_model
 
 
-def cached_pairs(directory, steps):
+def cached_pairs(directory, steps, slugs=("early-exit-15",)):
     """Cached 'real' pairs as the benchmark expects them (small random pairs, so no model is loaded)."""
     rng = np.random.default_rng(0)
     directory.mkdir()
-    for temperature in (0.7, 1.0):
-        p, q = rng.dirichlet(np.ones(40), size=5), rng.dirichlet(0.3 * np.ones(40), size=5)
-        np.savez(directory / f"smollm2_T{temperature}_steps{steps}.npz", p=p, q=q)
+    for slug in slugs:
+        for temperature in (0.7, 1.0):
+            p, q = rng.dirichlet(np.ones(40), size=5), rng.dirichlet(0.3 * np.ones(40), size=5)
+            np.savez(directory / f"smollm2_{slug}_T{temperature}_steps{steps}.npz", p=p, q=q)
 
 
 def test_benchmark_runs_on_tiny_pairs_and_writes_valid_json(tmp_path, capsys):
-    cached_pairs(tmp_path / "pairs", 3)
+    cached_pairs(tmp_path / "pairs", 3, slugs=("early-exit-15", "feature-0123abcd"))
     out = tmp_path / "bench.json"
     argv = ["--quick", "--pairs-dir", str(tmp_path / "pairs"), "--steps", "3", "--synthetic", "1"]
-    assert bench.main([*argv, "--synthetic-vocab", "64", "--out", str(out)]) == 0
+    drafters = ["--drafters", "early-exit:15,feature:/cache/feature-6e9008efa296-0123abcd"]
+    assert bench.main([*argv, *drafters, "--synthetic-vocab", "64", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert len(results["cases"]) == 4 * len(bench.DRAFTS)
+    assert len(results["cases"]) == 6 * len(bench.DRAFTS)
+    assert "SmolLM2 feature-0123abcd, T = 1.0, n = 8" in results["cases"]
     for label, entry in results["cases"].items():
         summary = entry["summary"]
         assert summary["pairs"] == len(entry["rows"]) > 0
@@ -43,6 +46,29 @@ def test_benchmark_runs_on_tiny_pairs_and_writes_valid_json(tmp_path, capsys):
 def test_bad_arguments_exit_non_zero(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--synthetic", "0", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):
+        bench.main(["--drafters", " , ", "--out", str(tmp_path / "x.json")])
+
+
+def test_each_drafter_and_checkpoint_has_its_own_pair_file():
+    assert bench.drafter_slug("early-exit:15") == "early-exit-15"
+    assert bench.drafter_slug("feature") == "feature"
+    assert bench.drafter_slug("feature:/c/drafters/feature-6e9008efa296-9c096909f3/") == "feature-9c096909f3"
+    assert bench.drafter_slug("feature:/c/a-1") != bench.drafter_slug("feature:/c/a-2")
+
+
+def test_a_bare_trained_kind_resolves_to_the_cached_checkpoint(monkeypatch):
+    from executor.drafters import parse
+
+    asked = []
+    monkeypatch.setattr(
+        parse, "kind_checkpoint", lambda target, kind: asked.append(kind) or f"/c/{kind}-ab12"
+    )
+    load = lambda: ("model", "tokenizer")  # noqa: E731
+    assert bench.resolve_drafter("feature", load) == "feature:/c/feature-ab12"
+    assert bench.resolve_drafter("early-exit:15", load) == "early-exit:15"
+    assert bench.resolve_drafter("feature:/given", load) == "feature:/given"
+    assert asked == ["feature"]
 
 
 def test_end_to_end_on_a_tiny_model_reports_both_verifiers_and_decoders():
