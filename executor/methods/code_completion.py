@@ -6,7 +6,9 @@ head on layer ``l``'s hidden state) already equals the full model's (the paper: 
 on greedy continuations of HumanEval prompts; and, teacher-forced on HumanEval's canonical solutions, how
 often the full model's next-token prediction is wrong (the paper: 14.5%) and how accurate each exit is.
 
-**Method.** Per token, the layers run in order; at each candidate exit layer a *learned decision* (a
+**Method.** Per token, the layers run in order; at each candidate exit layer (its exit head: the cached trained
+``exit:K`` head where there is one, as the paper trains its exits, else the model's own norm and LM head) a
+*learned decision* (a
 logistic rule on the exit's top-1 probability, fit in milliseconds on calibration prompts: label = the exit's
 prediction equals the full model's) stops the forward pass when the predicted agreement reaches
 ``exit_threshold``; the skipped layers' K/V for that token are written from the exit hidden state (state
@@ -35,6 +37,7 @@ import torch
 from executor.methods._common import calibration_profile
 from executor.methods.base import Method, MethodResult, Prediction
 from executor.methods.calibration import default_exit_head
+from executor.methods.del_exit import cached_exit_heads, exit_head_function
 from theory.checks import as_count, as_probabilities
 
 __all__ = ["CodeCompletion", "LogisticRule", "rouge_l", "wrong_token_study"]
@@ -154,6 +157,7 @@ class CodeCompletion(Method):
         exit_threshold: float = 0.9,
         stop_threshold: float = 0.95,
         head=None,
+        trained: bool | None = None,
         study_tokens: int = 16,
         study_positions: int = 4,
     ):
@@ -161,14 +165,28 @@ class CodeCompletion(Method):
         self.study_tokens = as_count(study_tokens, "study_tokens")
         self.study_positions = as_count(study_positions, "study_positions")
         n = target.config.n_layers
+        self.trained_layers: list[int] = []
+        if head is None and trained is not False:
+            # The paper's exits are trained for the task: the cached exit:K heads where there are any, at
+            # the requested exit layers (by default also at every layer that has one).
+            heads = cached_exit_heads(target, exit_layers)
+            if trained and not heads:
+                raise ValueError(
+                    "trained=True but no trained exit:K head is cached for this target at the exit layers "
+                    "(`specbound train-drafter --kind exit:18,24`)"
+                )
+            if heads:
+                head = exit_head_function(target, heads)
+                self.trained_layers = sorted(heads)
         if exit_layers is None:
-            exit_layers = sorted({max(1, n - k) for k in (2, 4, 6)})
+            exit_layers = sorted({max(1, n - k) for k in (2, 4, 6)} | set(self.trained_layers))
         self.exit_layers = [int(layer) for layer in exit_layers]
         for layer in self.exit_layers:
             if not 1 <= layer < n:
                 raise ValueError(f"exit_layers must lie in [1, {n}), got {layer}")
         self.exit_threshold = float(as_probabilities(exit_threshold, "exit_threshold"))
         self.stop_threshold = float(as_probabilities(stop_threshold, "stop_threshold"))
+        self.custom_head = head is not None
         self.head = head if head is not None else default_exit_head(target)
         self.exit_rules: dict[int, LogisticRule] = {}
         self.stop_rule: LogisticRule | None = None
@@ -177,6 +195,7 @@ class CodeCompletion(Method):
     def options(self) -> dict:
         return {
             "exit_layers": self.exit_layers,
+            "trained_layers": self.trained_layers,
             "exit_threshold": self.exit_threshold,
             "stop_threshold": self.stop_threshold,
             "study_tokens": self.study_tokens,
@@ -190,13 +209,21 @@ class CodeCompletion(Method):
     def predict(self, calibration_prompts, temperature, max_new_tokens):
         n = self.target.config.n_layers
         study_layers = list(range(1, n))
+        # The study is the paper's: the model's own final norm and LM head on every layer.
         profile, _ = calibration_profile(self.target, calibration_prompts, study_layers, 0.0, max_new_tokens)
+        details = {"agreement_with_final_by_layer": profile.match.mean(axis=1).tolist()}
+        if self.custom_head:  # the exit rules see the confidences of the heads that decode
+            profile, _ = calibration_profile(
+                self.target, calibration_prompts, self.exit_layers, 0.0, max_new_tokens, head=self.head
+            )
+            details["exit_head_agreement"] = {
+                layer: float(profile.match[profile.row(layer)].mean()) for layer in self.exit_layers
+            }
         start = time.perf_counter()
         for layer in self.exit_layers:
             row = profile.row(layer)
             self.exit_rules[layer] = LogisticRule().fit(profile.confidence[row], profile.match[row])
         train = time.perf_counter() - start
-        details = {"agreement_with_final_by_layer": profile.match.mean(axis=1).tolist()}
         if self.references:
             wrong, confidence = [], []
             for prompt, reference in zip(calibration_prompts, self.references, strict=False):

@@ -1,13 +1,16 @@
-"""DEL and Kangaroo with the trained exit heads / Kangaroo adapter cached for the target: found by kind, used
-for drafting, greedy output identical to plain decoding; ``trained=True`` without a checkpoint is refused."""
+"""DEL, Kangaroo and code completion with the trained exit heads / Kangaroo adapter cached for the target:
+found by kind, used for drafting (or exiting), greedy output identical to plain decoding for the lossless ones;
+``trained=True`` without a checkpoint is refused."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from executor import methods
 from executor.decoders import AutoregressiveDecoder
 from executor.drafters.exit_head import KangarooDrafter
+from executor.methods.calibration import default_exit_head
 from executor.training import checkpoint
 from tests.executor.test_drafters_exit_head import random_head
 
@@ -57,3 +60,22 @@ def test_kangaroo_uses_the_cached_trained_adapter_and_stays_greedy_exact(target,
     assert method.run(PROMPT, max_new_tokens=24).token_ids == reference
     prediction = method.predict([[4, 5, 6, 7], [3, 3, 1]], 0.0, 12)
     assert 0 <= prediction.details["eta"] <= 1
+
+
+def test_code_completion_exits_through_the_cached_trained_heads(target):
+    with pytest.raises(ValueError, match="no trained exit:K head is cached"):
+        methods.get("code-completion")(target, trained=True)
+    cache_head(target, "exit:1", 3)
+    method = methods.get("code-completion")(target)
+    assert method.options()["trained_layers"] == [1] and 1 in method.exit_layers
+    hidden = torch.randn(target.config.dim)
+    untrained = default_exit_head(target)
+    assert not torch.allclose(method.head(1, hidden), untrained(1, hidden))  # layer 1: the trained head
+    assert torch.equal(method.head(2, hidden), untrained(2, hidden))  # no head cached at layer 2
+    assert methods.get("code-completion")(target, trained=False).options()["trained_layers"] == []
+    prediction = method.predict([[4, 5, 6, 7], [3, 3, 1]], 0.0, 12)
+    # The exit rules are fit on the confidences of the heads that decode, next to the paper's study.
+    assert set(prediction.details["exit_head_agreement"]) == set(method.exit_layers)
+    assert len(prediction.details["agreement_with_final_by_layer"]) == target.config.n_layers - 1
+    result = method.run(PROMPT, max_new_tokens=8)
+    assert len(result.token_ids) <= 8 and result.extra["exit_layers"][0] == 0
