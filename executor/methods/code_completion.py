@@ -37,7 +37,7 @@ import torch
 from executor.methods._common import calibration_profile
 from executor.methods.base import Method, MethodResult, Prediction
 from executor.methods.calibration import default_exit_head
-from executor.methods.del_exit import cached_exit_heads, exit_head_function
+from executor.methods.del_exit import trained_exit_head
 from theory.checks import as_count, as_probabilities
 
 __all__ = ["CodeCompletion", "LogisticRule", "rouge_l", "wrong_token_study"]
@@ -166,18 +166,10 @@ class CodeCompletion(Method):
         self.study_positions = as_count(study_positions, "study_positions")
         n = target.config.n_layers
         self.trained_layers: list[int] = []
-        if head is None and trained is not False:
+        if head is None:
             # The paper's exits are trained for the task: the cached exit:K heads where there are any, at
             # the requested exit layers (by default also at every layer that has one).
-            heads = cached_exit_heads(target, exit_layers)
-            if trained and not heads:
-                raise ValueError(
-                    "trained=True but no trained exit:K head is cached for this target at the exit layers "
-                    "(`specbound train-drafter --kind exit:18,24`)"
-                )
-            if heads:
-                head = exit_head_function(target, heads)
-                self.trained_layers = sorted(heads)
+            head, self.trained_layers = trained_exit_head(target, exit_layers, trained, "exit:12,18,24")
         if exit_layers is None:
             exit_layers = sorted({max(1, n - k) for k in (2, 4, 6)} | set(self.trained_layers))
         self.exit_layers = [int(layer) for layer in exit_layers]

@@ -34,7 +34,14 @@ from executor.methods.base import Method, Prediction
 from executor.methods.calibration import default_exit_head
 from theory.checks import as_count
 
-__all__ = ["DEL", "DELPolicy", "SwitchableExitDrafter", "cached_exit_heads", "exit_head_function"]
+__all__ = [
+    "DEL",
+    "DELPolicy",
+    "SwitchableExitDrafter",
+    "cached_exit_heads",
+    "exit_head_function",
+    "trained_exit_head",
+]
 
 
 def cached_exit_heads(target, layers=None) -> dict:
@@ -64,6 +71,24 @@ def exit_head_function(target, heads: dict):
         return trained.logits(target, trained(target, hidden[None])[0])
 
     return head
+
+
+def trained_exit_head(target, layers, trained: bool | None, suggested: str):
+    """``(head, trained layers)`` from the cached ``exit:K`` heads at ``layers`` (default: every layer):
+    ``(None, [])`` when there are none or ``trained`` is ``False``; ``trained=True`` without any is a
+    ``ValueError`` naming the command that trains ``suggested`` (e.g. ``"exit:6,12,18"``)."""
+    if trained is False:
+        return None, []
+    heads = cached_exit_heads(target, layers)
+    if trained and not heads:
+        raise ValueError(
+            "trained=True but no trained exit:K head is cached for this target"
+            f"{'' if layers is None else f' at layers {list(layers)}'} "
+            f"(`specbound train-drafter --kind {suggested}`)"
+        )
+    if not heads:
+        return None, []
+    return exit_head_function(target, heads), sorted(heads)
 
 
 class SwitchableExitDrafter:
@@ -229,17 +254,10 @@ class DEL(Method):
         super().__init__(target, tokenizer)
         n = target.config.n_layers
         self.trained_layers: list[int] = []
-        if head is None and trained is not False:
-            heads = cached_exit_heads(target, layers)
-            if trained and not heads:
-                raise ValueError(
-                    "trained=True but no trained exit:K head is cached for this target "
-                    "(`specbound train-drafter --kind exit:6,12,18`)"
-                )
-            if heads:
-                head = exit_head_function(target, heads)
-                self.trained_layers = sorted(heads)
-                layers = self.trained_layers if layers is None else layers
+        if head is None:
+            head, self.trained_layers = trained_exit_head(target, layers, trained, "exit:6,12,18")
+            if self.trained_layers and layers is None:
+                layers = self.trained_layers
         if layers is None:
             top = default_exit_layer(target)
             layers = sorted({max(1, top - 2 * i) for i in range(4)})
