@@ -18,9 +18,9 @@ __all__ = [
 ]
 
 #: ``ngram+D``: the shortest suffix match trusted over ``D``, and the longest chain ``D`` drafts. Chosen on
-#: HumanEval/100-107 by ``experiments.bench_lookup_first`` (bfloat16, T = 0: 1.45-1.46x against 1.36-1.41x for
-#: a 1-token match, 1.28-1.34x for a 3-token one and 1.36x for prompt lookup alone; docs/benchmarks/bench.md),
-#: not on the prompts the benchmarks report.
+#: HumanEval/100-107 by ``experiments.bench_lookup_first --compile`` (compiled bfloat16, T = 0, the self-distilled
+#: feature head: a 2-token match with 1 head token 1.381x, with 2 or 3 tokens 1.265x and 1.254x, a 1- or 3-token
+#: match 1.196-1.354x, prompt lookup alone 1.274x; docs/bench.md), not on the prompts the benchmarks report.
 LOOKUP_MIN_NGRAM = 2
 LOOKUP_MODEL_TOKENS = 1
 
