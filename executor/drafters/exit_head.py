@@ -45,7 +45,7 @@ from torch import nn
 from executor.drafters.vocab import DraftVocabulary
 from executor.model import Attention, RMSNorm
 
-__all__ = ["ExitDrafter", "ExitHead", "KangarooDrafter", "load_exit_head", "shallow_tree"]
+__all__ = ["ExitDrafter", "ExitHead", "KangarooDrafter", "load_exit_head", "shallow_forward", "shallow_tree"]
 
 
 class ExitHead(DraftVocabulary):
@@ -105,20 +105,27 @@ class ExitHead(DraftVocabulary):
         return z
 
 
-def shallow_tree(model, tree, nodes: list[int], committed: int, n_layers: int) -> torch.Tensor:
-    """Hidden states ``(len(nodes), d)`` after the target's first ``n_layers`` layers on tree ``nodes``
-    (slot ``committed + node``, RoPE position ``committed + depth``, tree mask); writes those layers' K/V and
-    skips the LM head."""
+def shallow_forward(model, tokens, slots, positions, attention_mask, n_layers: int) -> torch.Tensor:
+    """Hidden states ``(T, d)`` after the target's first ``n_layers`` layers on ``tokens`` (``T`` ids) at
+    cache ``slots`` with RoPE ``positions`` and boolean ``attention_mask`` ``(T, S)`` over the cache slots;
+    writes those layers' K/V and skips the final norm and the LM head."""
     device = model.tok_embeddings.weight.device
-    tokens = torch.tensor([[tree.tokens[v] for v in nodes]], device=device)
-    slots = torch.tensor(nodes, device=device) + committed
-    positions = torch.tensor([tree.depths[v] for v in nodes], device=device) + committed
-    x = model.tok_embeddings(tokens)
-    n_slots, mask = model._additive_mask(slots, tree.attention_mask(nodes, committed).to(device), x.dtype)
-    cos, sin = model._rope(positions)
+    slots = torch.as_tensor(slots, device=device)
+    x = model.tok_embeddings(torch.as_tensor(tokens, device=device)[None])
+    n_slots, mask = model._additive_mask(slots, attention_mask.to(device), x.dtype)
+    cos, sin = model._rope(torch.as_tensor(positions, device=device))
     for layer in model.layers[:n_layers]:
         x = layer(x, cos, sin, slots, mask, n_slots)
     return x[0]
+
+
+def shallow_tree(model, tree, nodes: list[int], committed: int, n_layers: int) -> torch.Tensor:
+    """:func:`shallow_forward` on tree ``nodes`` (slot ``committed + node``, RoPE position ``committed +
+    depth``, tree mask)."""
+    slots = torch.tensor(nodes) + committed
+    positions = torch.tensor([tree.depths[v] for v in nodes]) + committed
+    tokens = [tree.tokens[v] for v in nodes]
+    return shallow_forward(model, tokens, slots, positions, tree.attention_mask(nodes, committed), n_layers)
 
 
 def load_exit_head(target, path: str | Path, kind: str) -> tuple[ExitHead, dict]:
@@ -188,9 +195,12 @@ class ExitDrafter:
     def start(self, prompt: list[int], cache_slots: int) -> None:
         pass  # the target's prefill already wrote the shallow layers
 
-    def draft_logits(self, state, tree, nodes):
-        hidden = shallow_tree(self.target, tree, nodes, state.committed, self.exit_layer)
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``(T, V)`` from the layer-``K`` hidden states ``(T, d)``."""
         return self.head.logits(self.target, self.head(self.target, hidden[None])[0])
+
+    def draft_logits(self, state, tree, nodes):
+        return self.head_logits(shallow_tree(self.target, tree, nodes, state.committed, self.exit_layer))
 
     def commit(self, state, tree, accepted_path) -> None:
         pass  # the verification pass overwrote the shallow layers' slots; the target's commit compacts them

@@ -11,6 +11,7 @@ name                     paper                                                  
 ``dyspec``               DySpec's greedy dynamic tree (arXiv 2410.11744)        yes
 ``sequoia``              Sequoia's static optimal tree (arXiv 2402.12374)       yes
 ``staged``               staged speculative decoding (arXiv 2308.04623)         yes
+``staged-single``        staged's control: same drafter and tree, no draft²     yes
 ``easyspec``             EasySpec layer-parallel drafting (arXiv 2502.02493)    yes
 ``del``                  DEL dynamic exit layer (arXiv 2504.05598)              yes
 ``kangaroo``             Kangaroo double early exit, theory's eta (2404.18911)  yes
@@ -38,7 +39,7 @@ from executor.methods.kangaroo import Kangaroo, KangarooFixed
 from executor.methods.online import OnlineSpeculative
 from executor.methods.ppd import PPD
 from executor.methods.specdecpp import SpecDecFixed, SpecDecHeuristic, SpecDecPP
-from executor.methods.staged import Staged
+from executor.methods.staged import Staged, StagedSingleStage
 
 __all__ = [
     "LayerCounter",
@@ -56,6 +57,7 @@ __all__ = [
     "SpecDecHeuristic",
     "SpecDecPP",
     "Staged",
+    "StagedSingleStage",
     "DySpecDecoder",
     "EasySpec",
     "Sequoia",
@@ -92,6 +94,7 @@ for _cls in (
     DySpec,
     Sequoia,
     Staged,
+    StagedSingleStage,
     EasySpec,
     DEL,
     Kangaroo,

@@ -9,6 +9,7 @@ from theory.checks import as_count
 
 __all__ = [
     "MethodDrafter",
+    "cached_head_layer",
     "calibration_profile",
     "check_exit_layer",
     "conditional_acceptance",
@@ -29,6 +30,32 @@ def check_exit_layer(target, exit_layer, name: str = "exit_layer") -> int:
             f"{name} must be below the target's {target.config.n_layers} layers, got {exit_layer}"
         )
     return exit_layer
+
+
+def cached_head_layer(target, family: str, exit_layer, trained, *, deepest: bool, noun: str, suggested: str):
+    """``(layer, checkpoint)`` of the cached trained ``family:K`` head a method drafts with.
+
+    ``exit_layer=None`` looks at every layer, the deepest first if ``deepest`` (else the shallowest first);
+    a given ``exit_layer`` looks at that layer only. ``trained=None`` falls back to ``(exit_layer, None)``
+    when nothing is cached, ``trained=False`` never looks, ``trained=True`` without a checkpoint is a
+    ``ValueError`` naming the command that trains ``suggested`` (e.g. ``"exit:24"``).
+    """
+    if trained is False:
+        return exit_layer, None
+    from executor.training.trainer import cached_checkpoints
+
+    layers = list(range(1, target.config.n_layers)) if exit_layer is None else [exit_layer]
+    for layer in reversed(layers) if deepest else layers:
+        found = cached_checkpoints(target, f"{family}:{layer}")
+        if found:
+            return layer, found[0]
+    if trained:
+        raise ValueError(
+            f"trained=True but no trained {family}:K {noun} is cached for this target"
+            f"{'' if exit_layer is None else f' at layer {exit_layer}'} "
+            f"(`specbound train-drafter --kind {suggested}`)"
+        )
+    return exit_layer, None
 
 
 class MethodDrafter:

@@ -1,11 +1,13 @@
 """EasySpec: layer-parallel ("fuzzy") drafting with bonus calibration (Wu et al., NeurIPS 2025,
 arXiv 2502.02493).
 
-The drafter (here the target's first ``exit_layer`` layers with their own KV cache, a truncated SmolLM2) is cut
-into groups of consecutive layers; the first and last ``exact_layers`` stay sequential, the others form groups
-of ``group_size``. Within a group every member computes its attention from the *group's input* ``h`` (what
-lets the members run on different devices at once) and writes its K/V from that input (the fuzzy KV); the
-MLPs then run in order on the exact residual, the authors' ``ATTN_ONLY`` policy:
+The drafter (here the target's first ``exit_layer`` layers with their own KV cache, a truncated SmolLM2, and
+its exit: the trained ``exit:K`` head cached for the target, by default the deepest, else the untrained final
+norm and LM head) is cut into groups of consecutive layers; the first and last ``exact_layers`` stay
+sequential, the others form groups of ``group_size``. Within a group every member computes its attention from
+the *group's input* ``h`` (what lets the members run on different devices at once) and writes its K/V from
+that input (the fuzzy KV); the MLPs then run in order on the exact residual, the authors' ``ATTN_ONLY``
+policy:
 
 .. math:: a_i = \\mathrm{Attn}_i(\\mathrm{RMS}_i(h)),\\quad x \\leftarrow x + a_i,\\quad
           x \\leftarrow x + \\mathrm{MLP}_i(\\mathrm{RMS}'_i(x)) \\quad (i = 1..N,\\ x_0 = h).
@@ -33,7 +35,7 @@ import torch
 from torch import nn
 
 from executor.decoders import ChainDecoder
-from executor.methods._common import check_exit_layer, default_exit_layer
+from executor.methods._common import cached_head_layer, check_exit_layer, default_exit_layer
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import depth_acceptance, forward_time_ratio
 from theory.checks import as_count
@@ -56,9 +58,12 @@ class LayerParallelDrafter:
 
     deterministic = False
 
-    def __init__(self, target, exit_layer: int, *, group_size: int = 2, exact_layers: int = 2, fuzzy=True):
+    def __init__(
+        self, target, exit_layer: int, *, group_size: int = 2, exact_layers: int = 2, fuzzy=True, head=None
+    ):
         self.target = target
         self.exit_layer = exit_layer
+        self.head = head  # hidden (T, d) -> logits (T, V); None: the target's final norm and LM head
         memo = {id(p): p for p in target.parameters()}
         for layer in target.layers[:exit_layer]:
             memo[id(layer.attention.kv_cache)] = None
@@ -115,10 +120,9 @@ class LayerParallelDrafter:
                 x = x + self.layers[i].feed_forward(self.layers[i].ffn_norm(x))
         if not logits:
             return None
-        weight = (
-            self.target.tok_embeddings.weight if self.target.output is None else self.target.output.weight
-        )
-        return torch.nn.functional.linear(self.target.norm(x), weight).float()[0]
+        if self.head is not None:
+            return self.head(x[0]).float()
+        return self.target.lm_head(self.target.norm(x)).float()[0]
 
     def draft_logits(self, state, tree, nodes):
         committed = state.committed
@@ -145,16 +149,36 @@ class LayerParallelDrafter:
 
 
 class EasySpec(Method):
+    """EasySpec on the target's first ``exit_layer`` layers; ``trained`` and the default layer as in
+    :class:`executor.methods.staged.Staged` (the deepest cached trained ``exit:K`` head, else the untrained
+    exit at 13/15 of the depth)."""
+
     name = "easyspec"
     paper = "EasySpec, Wu et al., NeurIPS 2025, arXiv 2502.02493"
 
     def __init__(
-        self, target, tokenizer=None, *, exit_layer=None, gamma: int = 3, group_size: int = 2, exact_layers=2
+        self,
+        target,
+        tokenizer=None,
+        *,
+        exit_layer=None,
+        gamma: int = 3,
+        group_size: int = 2,
+        exact_layers=2,
+        trained=None,
     ):
         super().__init__(target, tokenizer)
+        exit_layer, self.head_path = cached_head_layer(
+            target, "exit", exit_layer, trained, deepest=True, noun="head", suggested="exit:24"
+        )
         self.exit_layer = check_exit_layer(
             target, default_exit_layer(target) if exit_layer is None else exit_layer
         )
+        self.head = None
+        if self.head_path is not None:
+            from executor.drafters.exit_head import ExitDrafter
+
+            self.head = ExitDrafter.from_checkpoint(target, self.head_path, self.exit_layer).head_logits
         self.gamma = as_count(gamma, "gamma")
         self.group_size = as_count(group_size, "group_size")
         self.exact_layers = as_count(exact_layers, "exact_layers", minimum=0)
@@ -165,6 +189,7 @@ class EasySpec(Method):
             "gamma": self.gamma,
             "group_size": self.group_size,
             "exact_layers": self.exact_layers,
+            "head": None if self.head_path is None else str(self.head_path),
         }
 
     def make_drafter(self, fuzzy: bool = True):
@@ -174,6 +199,7 @@ class EasySpec(Method):
             group_size=self.group_size,
             exact_layers=self.exact_layers,
             fuzzy=fuzzy,
+            head=self.head,
         )
 
     def build(self, temperature: float = 0.0):

@@ -24,7 +24,12 @@ import numpy as np
 import torch
 
 from executor.drafters import EarlyExitDrafter
-from executor.methods._common import calibration_profile, check_exit_layer, default_exit_layer
+from executor.methods._common import (
+    cached_head_layer,
+    calibration_profile,
+    check_exit_layer,
+    default_exit_layer,
+)
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import forward_time_ratio
@@ -57,20 +62,10 @@ class Kangaroo(Method):
     ):
         super().__init__(target, tokenizer)
         self.adapter_path = None
-        if drafter is None and trained is not False:
-            from executor.training.trainer import cached_checkpoints
-
-            layers = range(1, target.config.n_layers) if exit_layer is None else [exit_layer]
-            for layer in layers:
-                found = cached_checkpoints(target, f"kangaroo:{layer}")
-                if found:
-                    exit_layer, self.adapter_path = layer, found[0]
-                    break
-            if trained and self.adapter_path is None:
-                raise ValueError(
-                    "trained=True but no trained kangaroo:K adapter is cached for this target "
-                    "(`specbound train-drafter --kind kangaroo:2`)"
-                )
+        if drafter is None:
+            exit_layer, self.adapter_path = cached_head_layer(
+                target, "kangaroo", exit_layer, trained, deepest=False, noun="adapter", suggested="kangaroo:2"
+            )
         self.exit_layer = check_exit_layer(
             target, default_exit_layer(target) if exit_layer is None else exit_layer
         )

@@ -1,19 +1,22 @@
 """Staged speculative decoding (Spector & Ré, ES-FoMo @ ICML 2023, arXiv 2308.04623).
 
 Two ideas: (a) the draft proposes a *tree* of continuations verified by the target in one pass (here the same
-static tree as Sequoia's optimal tree for the measured per-depth acceptance, so the single-stage comparison is the
-``sequoia`` method with the same tree); (b) the draft itself is sped up by a second speculative stage: a much
-cheaper *draft²* (the paper: a Katz-backoff trigram model fit on the draft's outputs) proposes the draft's own
-tokens and the draft verifies them in one pass.
+static tree as Sequoia's optimal tree for the measured per-depth acceptance; the single-stage comparison is
+``staged-single``, the same drafter and tree without the second stage); (b) the draft itself is sped up by a
+second speculative stage: a much cheaper *draft²* (the paper: a Katz-backoff trigram model fit on the draft's
+outputs) proposes the draft's own tokens and the draft verifies them in one pass.
 
-:class:`StagedDrafter` wraps the early-exit drafter. At the root of each step draft² proposes a chain
-``g_1..g_k`` (prompt lookup in the context first, then a trigram/bigram table fit on calibration text); the
-drafter scores ``[root, g_1..g_k]`` in one pass (cache slots past the outer tree, RoPE positions by depth).
-Its logits after ``g_1..g_d`` are the drafter's exact distribution for *any* outer node whose path is
-``g_1..g_d``, so when the outer tree reaches such a node its draft pass is skipped (its K/V is copied from the
-scratch slot into the node's slot, where descendants expect it). Every draft distribution is the drafter's
-exact one, so the outer verification is unchanged and the method is lossless; what changes is the number of
-sequential draft passes (reported as ``draft_passes`` against ``draft_levels``).
+:class:`StagedDrafter` wraps a drafter on the target's first ``K`` layers: the trained ``exit:K`` head
+(:class:`executor.drafters.exit_head.ExitDrafter`, the deepest one cached for the target by default) or the
+untrained early exit. The EAGLE-style feature head does not fit: its input at each position is its own output
+feature at the previous one, so it cannot score a proposed chain in one pass. At the root of each step draft²
+proposes a chain ``g_1..g_k`` (prompt lookup in the context first, then a trigram/bigram table fit on
+calibration text); the drafter scores ``[root, g_1..g_k]`` in one pass (cache slots past the outer tree, RoPE
+positions by depth). Its logits after ``g_1..g_d`` are the drafter's exact distribution for *any* outer node
+whose path is ``g_1..g_d``, so when the outer tree reaches such a node its draft pass is skipped (its K/V is
+copied from the scratch slot into the node's slot, where descendants expect it). Every draft distribution is
+the drafter's exact one, so the outer verification is unchanged and the method is lossless; what changes is
+the number of sequential draft passes (reported as ``draft_passes`` against ``draft_levels``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ import numpy as np
 import torch
 
 from executor.decoders import TreeDecoder
-from executor.decoders.base import run_tree
 from executor.drafters import PromptLookupDrafter
-from executor.methods._common import default_exit_layer
+from executor.drafters.exit_head import ExitDrafter, shallow_forward
+from executor.methods._common import cached_head_layer, default_exit_layer
 from executor.methods.dyspec import Sequoia
 from theory.checks import as_count
 
-__all__ = ["Draft2", "Staged", "StagedDrafter", "StagedTreeDecoder"]
+__all__ = ["Draft2", "Staged", "StagedDrafter", "StagedSingleStage", "StagedTreeDecoder"]
 
 
 class Draft2:
@@ -69,19 +72,19 @@ class Draft2:
 
 
 class StagedDrafter:
-    """Early-exit drafter accelerated by draft² (see the module docstring)."""
+    """A layer-``K`` drafter (``inner``: early exit or trained exit head) accelerated by draft² (see the
+    module docstring)."""
 
     deterministic = False
 
-    def __init__(
-        self, target, exit_layer: int, draft2: Draft2, *, scratch_offset: int, inner_length: int = 4
-    ):
+    def __init__(self, target, inner, draft2: Draft2, *, scratch_offset: int, inner_length: int = 4):
         self.model = target
-        self.exit_layer = exit_layer
+        self.inner = inner
+        self.exit_layer = inner.exit_layer
         self.draft2 = draft2
         self.scratch_offset = scratch_offset
         self.inner_length = inner_length
-        self.name = f"staged:{exit_layer}"
+        self.name = f"staged:{inner.name}"
         self._cache: dict[tuple, int] = {}
         self._logits: torch.Tensor | None = None
         self.draft_passes = 0
@@ -93,7 +96,21 @@ class StagedDrafter:
             raise ValueError("a StagedDrafter must be built on the target it drafts for")
 
     def start(self, prompt, cache_slots) -> None:
-        pass
+        self.inner.start(prompt, cache_slots)
+
+    def _score_chain(self, tokens, slots, positions, mask) -> torch.Tensor:
+        """The drafter's logits on a chain written at scratch ``slots``, in one pass."""
+        if isinstance(self.inner, ExitDrafter):
+            hidden = shallow_forward(self.model, tokens, slots, positions, mask, self.exit_layer)
+            return self.inner.head_logits(hidden)
+        device = self.model.tok_embeddings.weight.device
+        return self.model(
+            torch.tensor([tokens], device=device),
+            slots,
+            positions=positions,
+            attention_mask=mask,
+            exit_layer=self.exit_layer,
+        )[0]
 
     def _inner(self, state) -> torch.Tensor:
         committed = state.committed
@@ -107,10 +124,7 @@ class StagedDrafter:
         mask[:, : committed + 1] = True
         for i in range(1, k + 1):
             mask[i:, scratch + i] = True
-        tokens = torch.tensor([[state.tokens[-1], *proposal]], device=device)
-        logits = self.model(
-            tokens, slots, positions=positions, attention_mask=mask, exit_layer=self.exit_layer
-        )[0]
+        logits = self._score_chain([state.tokens[-1], *proposal], slots, positions, mask)
         self._logits = logits
         self._cache = {tuple(proposal[:d]): d for d in range(k + 1)}
         greedy = logits.argmax(-1).tolist()
@@ -122,6 +136,9 @@ class StagedDrafter:
 
     def draft_logits(self, state, tree, nodes):
         self.draft_levels += 1
+        if self.inner_length == 0:  # single stage
+            self.draft_passes += 1
+            return self.inner.draft_logits(state, tree, nodes)
         if nodes == [0]:
             self.draft_passes += 1
             return self._inner(state)
@@ -145,12 +162,12 @@ class StagedDrafter:
             )
         if missing:
             self.draft_passes += 1
-            computed = run_tree(self.model, tree, missing, committed, exit_layer=self.exit_layer)
+            computed = self.inner.draft_logits(state, tree, missing)
             rows.update(zip(missing, computed, strict=True))
         return torch.stack([rows[node] for node in nodes])
 
     def commit(self, state, tree, accepted_path) -> None:
-        pass
+        self.inner.commit(state, tree, accepted_path)
 
 
 class StagedTreeDecoder(TreeDecoder):
@@ -167,31 +184,58 @@ class StagedTreeDecoder(TreeDecoder):
 
 
 class Staged(Sequoia):
-    """Staged speculative decoding on Sequoia's optimal tree (the ``sequoia`` method is its single stage)."""
+    """Staged speculative decoding on Sequoia's optimal tree; ``staged-single`` is the same drafter and tree
+    without draft².
+
+    ``exit_layer`` / ``trained``: the drafter is the trained ``exit:K`` head cached for the target
+    (``trained=None``, the default: the deepest cached one, or the one at ``exit_layer``; ``trained=True``
+    requires one; ``False`` ignores them), else the untrained early exit at ``exit_layer`` (default 13/15 of
+    the depth). The deepest trained head is the default because on SmolLM2 it dominates the untrained exit on
+    both counts: ``exit:24`` agrees with the target on 0.81 of held-out tokens (card ``top1``), the untrained
+    exits at layers 25-29 on 0.5-0.7 (docs/methods.md), and its head has 9,705 rows instead of 49,152.
+    """
 
     name = "staged"
     paper = "Staged speculative decoding, Spector & Ré, arXiv 2308.04623"
 
-    def __init__(self, target, tokenizer=None, *, inner_length: int = 4, **options) -> None:
+    def __init__(self, target, tokenizer=None, *, inner_length=None, trained=None, **options) -> None:
         if options.pop("drafter", None) is not None:
             raise ValueError(
-                "drafter: staged drafts with the early exit at exit_layer (its draft² verifies it)"
+                "drafter: staged drafts with a layer-K exit (trained exit:K head or early exit) so that its "
+                "draft² can score a proposed chain in one pass; choose it with exit_layer and trained"
             )
-        exit_layer = options.get("exit_layer")
-        layer = default_exit_layer(target) if exit_layer is None else exit_layer
-        super().__init__(target, tokenizer, drafter=f"early-exit:{layer}", **options)
-        self.inner_length = as_count(inner_length, "inner_length")
+        layer, self.head_path = cached_head_layer(
+            target,
+            "exit",
+            options.pop("exit_layer", None),
+            trained,
+            deepest=True,
+            noun="head",
+            suggested="exit:24",
+        )
+        layer = default_exit_layer(target) if layer is None else layer
+        spec = f"early-exit:{layer}" if self.head_path is None else f"exit:{layer}:{self.head_path}"
+        super().__init__(target, tokenizer, drafter=spec, exit_layer=layer, **options)
+        self.inner_length = self.check_inner_length(inner_length)
         self.draft2 = Draft2()
 
+    @staticmethod
+    def check_inner_length(inner_length) -> int:
+        return as_count(4 if inner_length is None else inner_length, "inner_length")
+
     def options(self) -> dict:
-        return {**super().options(), "inner_length": self.inner_length}
+        return {
+            **super().options(),
+            "inner_length": self.inner_length,
+            "head": None if self.head_path is None else str(self.head_path),
+        }
 
     def build(self, temperature: float = 0.0):
         if self.tree is None:
             self.plan()
         drafter = StagedDrafter(
             self.target,
-            self.exit_layer,
+            self.make_drafter(),
             self.draft2,
             scratch_offset=self.tree.tree.size,
             inner_length=self.inner_length,
@@ -218,3 +262,19 @@ class Staged(Sequoia):
             "draft_levels": drafter.draft_levels,
             "inner_accepted_mean": float(np.mean(drafter.inner_accepted)) if drafter.inner_accepted else 0.0,
         }
+
+
+class StagedSingleStage(Staged):
+    """Staged's single-stage control: the same drafter and tree, every draft level one drafter pass."""
+
+    name = "staged-single"
+    paper = Staged.paper + " (single-stage control)"
+
+    @staticmethod
+    def check_inner_length(inner_length) -> int:
+        if inner_length not in (None, 0):
+            raise ValueError(f"inner_length: staged-single has no draft² (0), got {inner_length!r}")
+        return 0
+
+    def predict(self, calibration_prompts, temperature, max_new_tokens):
+        return Sequoia.predict(self, calibration_prompts, temperature, max_new_tokens)

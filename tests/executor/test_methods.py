@@ -32,6 +32,7 @@ TINY_OPTIONS = {
     "dyspec": {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2},
     "sequoia": {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2},
     "staged": {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2, "inner_length": 3},
+    "staged-single": {"exit_layer": 1, "budget": 5, "max_depth": 3, "width": 2},
     "easyspec": {"exit_layer": 3, "gamma": 2, "group_size": 2, "exact_layers": 0},
     "del": {"layers": [1, 2, 3], "max_gamma": 4},
     "kangaroo": {"exit_layer": 1, "gamma": 3},
@@ -109,6 +110,14 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("ppd", {"prompts": "trained"}, "prompts"),
         ("dyspec", {"drafter": 3}, "drafter"),
         ("staged", {"drafter": "feature"}, "drafter"),
+        ("staged", {"inner_length": 0}, "inner_length"),
+        ("staged-single", {"inner_length": 2}, "inner_length"),
+        (
+            "staged",
+            {"exit_layer": 1, "trained": True},
+            "no trained exit:K head is cached for this target at layer 1",
+        ),
+        ("easyspec", {"trained": True}, "no trained exit:K head is cached"),
     ],
 )
 def test_bad_method_options_raise_a_value_error_naming_the_option(tiny_model, name, options, message):

@@ -1,4 +1,5 @@
-"""DEL, Kangaroo and code completion with the trained exit heads / Kangaroo adapter cached for the target:
+"""DEL, Kangaroo, staged, EasySpec and code completion with the trained exit heads / Kangaroo adapter cached
+for the target:
 found by kind, used for drafting (or exiting), greedy output identical to plain decoding for the lossless ones;
 ``trained=True`` without a checkpoint is refused."""
 
@@ -9,8 +10,9 @@ import torch
 
 from executor import methods
 from executor.decoders import AutoregressiveDecoder
-from executor.drafters.exit_head import KangarooDrafter
+from executor.drafters.exit_head import ExitHead, KangarooDrafter
 from executor.methods.calibration import default_exit_head
+from executor.methods.staged import StagedDrafter
 from executor.training import checkpoint
 from tests.executor.test_drafters_exit_head import random_head
 
@@ -23,9 +25,14 @@ def target(tiny_model, tmp_path, monkeypatch):
     return tiny_model(5, vocab_size=12, n_layers=4, max_seq_len=64)
 
 
-def cache_head(target, kind: str, seed: int):
+def target_cache(target):
+    return checkpoint.cache_root() / "drafters"
+
+
+def cache_head(target, kind: str, seed: int, head=None):
     family, _, layer = kind.partition(":")
-    head = random_head(target, seed, attention=family == "kangaroo", layer=int(layer))
+    if head is None:
+        head = random_head(target, seed, attention=family == "kangaroo", layer=int(layer))
     fingerprint = checkpoint.model_fingerprint(target)
     directory = checkpoint.default_checkpoint_dir(kind, fingerprint, {"recipe": 1})
     checkpoint.save_checkpoint(directory, head.state_dict(), {"kind": kind, "target": fingerprint})
@@ -79,3 +86,49 @@ def test_code_completion_exits_through_the_cached_trained_heads(target):
     assert len(prediction.details["agreement_with_final_by_layer"]) == target.config.n_layers - 1
     result = method.run(PROMPT, max_new_tokens=8)
     assert len(result.token_ids) <= 8 and result.extra["exit_layers"][0] == 0
+
+
+def test_staged_and_easyspec_draft_with_the_deepest_cached_trained_exit_head(target):
+    for layer, seed in ((1, 3), (2, 4)):
+        cache_head(target, f"exit:{layer}", seed)
+    for name in ("staged", "staged-single", "easyspec"):
+        method = methods.get(name)(target)
+        assert method.exit_layer == 2 and method.options()["head"].startswith(str(target_cache(target)))
+        assert methods.get(name)(target, exit_layer=1).exit_layer == 1
+        assert methods.get(name)(target, trained=False).options()["head"] is None
+    easyspec = methods.get("easyspec")(target, exact_layers=0)
+    hidden = torch.randn(3, target.config.dim)
+    drafter = easyspec.make_drafter()
+    assert not torch.allclose(drafter.head(hidden), default_exit_head(target)(2, hidden))
+
+
+class CheckedStagedDrafter(StagedDrafter):
+    """Checks every row draft² hands out against the inner drafter's own pass on the same nodes."""
+
+    def draft_logits(self, state, tree, nodes):
+        rows = super().draft_logits(state, tree, nodes)
+        torch.testing.assert_close(rows, self.inner.draft_logits(state, tree, nodes), atol=1e-4, rtol=1e-4)
+        return rows
+
+
+def test_draft2_hands_out_the_trained_heads_exact_draft_logits_and_saves_passes(target):
+    # Near the untrained exit (W = I, a small random bias), so that its drafts follow the repetitive prompt
+    # often enough for draft² to be used, and still a head of its own.
+    head = ExitHead(target.config, 2)
+    with torch.no_grad():
+        head.fc.bias.copy_(0.3 * torch.randn(target.config.dim, generator=torch.Generator().manual_seed(4)))
+    cache_head(target, "exit:2", 4, head)
+    method = methods.get("staged")(target, budget=5, max_depth=3, width=2, inner_length=3)
+    decoder = method.build(1.0)
+    decoder.drafter = CheckedStagedDrafter(
+        target, method.make_drafter(), method.draft2, scratch_offset=method.tree.tree.size, inner_length=3
+    )
+    prompt = [1, 2, 3, 4] * 4
+    decoder.generate(prompt, 12, generator=torch.Generator().manual_seed(0))
+    assert decoder.drafter.draft_passes < decoder.drafter.draft_levels  # some rows came from draft²
+    hidden = torch.randn(3, target.config.dim)
+    assert not torch.allclose(method.make_drafter().head_logits(hidden), default_exit_head(target)(2, hidden))
+    reference = AutoregressiveDecoder(target).generate(prompt, 12).token_ids
+    assert method.run(prompt, temperature=0.0, max_new_tokens=12).token_ids == reference
+    single = methods.get("staged-single")(target, budget=5, max_depth=3, width=2)
+    assert single.run(prompt, temperature=0.0, max_new_tokens=12).token_ids == reference
