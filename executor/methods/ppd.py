@@ -11,18 +11,21 @@ target's distributions: the loss at :math:`e_j` is :math:`\\mathrm{KL}(p_{t+j} \
 :mod:`executor.training.corpus`); :func:`train_prompt_tokens` runs a fixed number of Adam steps (optionally
 capped in seconds) and :func:`cached_prompt_tokens` caches the result per (target, recipe).
 
-**Decoding.** One target pass per step scores the chain ``root, d_1 .. d_m`` (the drafts are the previous
-step's guesses) *and* ``k`` prompt tokens attached to every chain node, each at its own KV slot after the
-chain (tree attention: prefix, the node's path, its earlier prompt tokens). Verification is chain speculative
-sampling (Leviathan et al., ICML 2023) on the chain rows; the guesses for the next step are the prompt-token
-outputs of the last accepted node, whose root is the emitted token, so ``e_j`` there guesses the next step's
-``d_j``. The draft ``d_j`` is drawn from :math:`q_j` (temperature-processed like the target) and the verifier
-is given that :math:`q_j`: lossless for any guess law (it does not depend on the verification's randomness).
+**Decoding.** One target pass per step scores a tree of drafts (root = the last emitted token; the children of
+every node at depth ``d - 1`` are the top tokens of, or draws from, the previous step's guess ``q_d``) *and*
+``m`` prompt tokens attached to every node, each at its own KV slot after the tree (tree attention: prefix,
+the node's path, its earlier prompt tokens). Every node is verified by the multi-draft verifier of
+:class:`executor.decoders.TreeDecoder`; the guesses for the next step are the prompt-token outputs of the last
+accepted node, whose successor is the emitted token, so ``e_j`` there guesses the next step's depth-``j``
+drafts. The drafts at a node are drawn from :math:`q_d` (temperature-processed like the target) and the
+verifier is given that :math:`q_d`: lossless for any guess law (it does not depend on the verification's
+randomness).
 
-Departures: PPD's *ensemble* prompt tokens (several embeddings averaged per position) and its hardware-aware
-dynamic sparse tree (candidates carrying a variable number of prompt tokens, planned from measured latencies)
-are reduced to one embedding per position and a chain; the step's verified width ``(m + 1)(k + 1)`` and its
-timed cost are reported, which is what the hardware-aware planner trades off.
+**The tree** is PPD's hardware-aware sparse tree: the one :func:`theory.plan_tree` chooses for the guesses'
+acceptance per depth and sibling rank and the measured cost of a pass over ``n (m + 1)`` positions (``n``
+nodes, each with the first ``m`` prompt tokens), over trees and ``m``. Departures: PPD's *ensemble* prompt
+tokens (several embeddings averaged per position) are reduced to one embedding per position, and every node of
+a step carries the same number ``m`` of prompt tokens (the paper lets it vary from node to node).
 """
 
 from __future__ import annotations
@@ -37,16 +40,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from executor.decoders import ChainDecoder
+from executor.decoders import TreeDecoder
 from executor.decoders.base import DraftTree, commit_path, tree_step_log
 from executor.logs import StepLog
-from executor.methods._common import conditional_acceptance
 from executor.methods.base import Method, Prediction
 from executor.training.checkpoint import atomic_write_bytes
-from theory.checks import as_count
+from theory.checks import as_choice, as_count
+from theory.trees import Tree
 
 __all__ = [
     "PPD",
+    "Guesses",
     "PPDDecoder",
     "PromptTokens",
     "evaluate_prompt_tokens",
@@ -93,60 +97,113 @@ def prompt_forward(target, prompts: PromptTokens, tokens, prompt_rows, slots, po
     return logits[0]
 
 
-def _chain_layout(committed: int, nodes: int, count: int):
-    """Slots, positions and mask of a chain of ``nodes`` (root first) with ``count`` prompt tokens per node."""
+def _tree_layout(committed: int, tree: DraftTree, count: int):
+    """Slots, positions and mask of the ``len(tree)`` nodes (root first, slot ``committed + v``) with
+    ``count`` prompt tokens per node after them: prompt ``j`` of node ``v`` sits at RoPE position
+    ``committed + depth(v) + 1 + j`` and sees the prefix, ``v``'s path and ``v``'s earlier prompt tokens."""
+    nodes = len(tree)
     width = committed + nodes * (1 + count)
     slots = list(range(committed, width))
-    positions = [committed + v for v in range(nodes)]
+    positions = [committed + tree.depths[v] for v in range(nodes)]
     mask = torch.zeros(nodes * (1 + count), width, dtype=torch.bool)
-    mask[:, :committed] = True
+    mask[:nodes, : committed + nodes] = tree.attention_mask(list(range(nodes)), committed)
     for v in range(nodes):
-        mask[v, committed : committed + v + 1] = True
+        first = committed + nodes + v * count
         for j in range(count):
             row = nodes + v * count + j
-            positions.append(committed + v + 1 + j)
-            mask[row, committed : committed + v + 1] = True
-            first = committed + nodes + v * count
+            positions.append(committed + tree.depths[v] + 1 + j)
+            mask[row, : committed + nodes] = mask[v, : committed + nodes]
             mask[row, first : first + j + 1] = True
     return slots, positions, mask
 
 
-class PPDDecoder(ChainDecoder):
-    """Chain speculative sampling whose drafts are the target's own prompt-token guesses from the last step."""
+class Guesses:
+    """PPD's drafter: the prompt-token outputs of the last step's last accepted node, one law per depth.
+
+    Every node at depth ``d - 1`` draws its children from the same guess ``q_d``: the guesses come out of the
+    previous verification pass and do not condition on the tokens drafted above them. Before the first step
+    (and beyond the last guess) there is nothing to draft.
+    """
+
+    deterministic = False
+    name = "ppd-guesses"
+
+    def __init__(self) -> None:
+        self.logits: torch.Tensor | None = None
+
+    def check_target(self, target) -> None:
+        pass
+
+    def start(self, prompt, cache_slots) -> None:
+        self.logits = None
+
+    def draft_logits(self, state, tree, nodes):
+        depths = [tree.depths[v] for v in nodes]
+        if self.logits is None or max(depths) >= len(self.logits):
+            return None
+        return self.logits[depths]
+
+    def commit(self, state, tree, accepted_path) -> None:
+        pass  # the decoder sets the next guesses from its verification pass
+
+
+def chain_parents(length: int) -> list[int]:
+    """Parent array of a chain of ``length`` drafts under the root."""
+    return [-1, *range(length)]
+
+
+class PPDDecoder(TreeDecoder):
+    """Tree speculative decoding whose drafts are the target's own prompt-token guesses from the last step.
+
+    ``guesses`` (default ``prompts.count``): the first ``guesses`` prompt tokens are attached to every node
+    (prompt token ``j`` sees only the ones before it, so fewer give the same guesses for depths up to
+    ``guesses``). ``tree`` (parent array, depth at most ``guesses``; default: the chain of ``guesses``
+    drafts) is the static shape; children are drawn as :class:`executor.decoders.TreeDecoder` draws them (the
+    top tokens at temperature 0, else without replacement for ``verifier="rrs_wor"``) and verified by its
+    multi-draft verifier at every node.
+    """
 
     name = "ppd"
 
-    def __init__(self, target, prompts: PromptTokens, *, sampling=None, log_distributions="none"):
+    def __init__(
+        self,
+        target,
+        prompts: PromptTokens,
+        *,
+        tree=None,
+        guesses: int | None = None,
+        verifier: str = "rrs_wor",
+        sampling=None,
+        log_distributions="none",
+    ):
+        guesses = prompts.count if guesses is None else as_count(guesses, "guesses")
+        if guesses > prompts.count:
+            raise ValueError(f"guesses must be at most the {prompts.count} prompt tokens, got {guesses}")
+        tree = chain_parents(guesses) if tree is None else list(tree)
         super().__init__(
-            target, None, gamma=prompts.count, sampling=sampling, log_distributions=log_distributions
+            target,
+            Guesses(),
+            tree=tree,
+            verifier=verifier,
+            sampling=sampling,
+            log_distributions=log_distributions,
         )
+        depth = Tree(self.shape).depth
+        if depth > guesses:
+            raise ValueError(f"tree has depth {depth}, deeper than the {guesses} guesses per step")
         self.prompts = prompts
-        self.guesses: torch.Tensor | None = None
+        self.guesses = guesses
         self.verified_widths: list[int] = []
 
     @property
     def max_tree_size(self) -> int:
-        return (self.gamma + 1) * (self.prompts.count + 1)
-
-    def generate(self, prompt_ids, max_new_tokens, *, generator=None, eos_id=None):
-        self.guesses = None
-        return super().generate(prompt_ids, max_new_tokens, generator=generator, eos_id=eos_id)
-
-    def draft(self, state, generator) -> DraftTree:
-        tree = DraftTree(state.tokens[-1])
-        node = 0
-        if self.guesses is not None:
-            for logits in self.guesses[: self.gamma]:
-                q = self.sampling.probs(logits)
-                tree.draft_probs[node] = q
-                node = tree.add_child(node, self.sampling.draw(q, generator))
-        return tree
+        return len(self.shape) * (self.guesses + 1)
 
     def step(self, state, generator) -> StepLog:
         committed = state.committed
         tree = self.draft(state, generator)
-        n, k = len(tree), self.prompts.count
-        slots, positions, mask = _chain_layout(committed, n, k)
+        n, k = len(tree), self.guesses
+        slots, positions, mask = _tree_layout(committed, tree, k)
         rows = [j for _ in range(n) for j in range(k)]
         logits = prompt_forward(self.target, self.prompts, tree.tokens, rows, slots, positions, mask)
         self.verified_widths.append(len(slots))
@@ -154,9 +211,8 @@ class PPDDecoder(ChainDecoder):
         outcome = self.verify(tree, target_probs, generator)
         commit_path(self.target, committed, outcome.path)
         last = outcome.path[-1]
-        self.guesses = logits[n + last * k : n + (last + 1) * k]
-        accepted = outcome.path[1:]
-        emitted = [tree.tokens[v] for v in accepted] + [outcome.token]
+        self.drafter.logits = logits[n + last * k : n + (last + 1) * k]
+        emitted = [tree.tokens[v] for v in outcome.path[1:]] + [outcome.token]
         state.tokens.extend(emitted)
         return tree_step_log(tree, outcome.path, emitted, target_probs, self.log_distributions, False)
 
@@ -404,13 +460,33 @@ def cached_prompt_tokens(
 
 class PPD(Method):
     """PPD with ``prompt_tokens`` (3) trained for ``train_steps`` Adam steps (200 on a cosine schedule, about
-    6 CPU-minutes; cached, resumable); ``prompts`` passes trained :class:`PromptTokens` directly (tests)."""
+    6 CPU-minutes; cached, resumable); ``prompts`` passes trained :class:`PromptTokens` directly (tests).
+
+    ``tree="planned"`` (default): PPD's hardware-aware tree. :meth:`predict` measures the guesses' acceptance
+    per depth and sibling rank on the calibration prompts (:func:`~executor.methods.dyspec.calibration_tree`
+    with ``width`` children per level) and the cost of a pass over ``n (m + 1)`` positions (``n`` tree nodes,
+    each with the first ``m`` of the ``k`` prompt tokens) for ``n = 1 .. budget`` and ``m = 1 .. k``;
+    :func:`theory.plan_tree` picks, for each ``m``, the tree of depth at most ``m`` with the most tokens per
+    unit of that cost (no draft passes: the guesses come out of the verification pass), and the best ``m``
+    wins. ``guesses`` fixes ``m``. Until then, and for ``tree="chain"``, the tree is the chain of ``m``
+    guesses (default ``k``); a parent array (depth at most ``m``) fixes the tree.
+    """
 
     name = "ppd"
     paper = "Parallel prompt decoding (PPD), Chen et al., arXiv 2405.18628"
 
     def __init__(
-        self, target, tokenizer=None, *, prompt_tokens: int = 3, train_steps: int = 200, prompts=None
+        self,
+        target,
+        tokenizer=None,
+        *,
+        prompt_tokens: int = 3,
+        train_steps: int = 200,
+        prompts=None,
+        tree: str = "planned",
+        width: int = 3,
+        budget: int = 8,
+        guesses: int | None = None,
     ):
         super().__init__(target, tokenizer)
         self.count = as_count(prompt_tokens, "prompt_tokens")
@@ -420,10 +496,32 @@ class PPD(Method):
                 raise ValueError(f"prompts must be PromptTokens, got {type(prompts).__name__}")
             self.count = prompts.count
         self.prompts = prompts
+        self.width = as_count(width, "width")
+        self.budget = as_count(budget, "budget", minimum=2)
+        self.fixed_guesses = None if guesses is None else as_count(guesses, "guesses")
+        if self.fixed_guesses is not None and self.fixed_guesses > self.count:
+            raise ValueError(f"guesses must be at most the {self.count} prompt tokens, got {guesses}")
+        self.guesses = self.fixed_guesses or self.count
+        self.parents = chain_parents(self.guesses)
+        if isinstance(tree, str):
+            self.tree_kind = as_choice(tree, "tree", ("planned", "chain"))
+        else:
+            self.tree_kind, self.parents = "given", Tree(tree).parents.tolist()
+            if Tree(self.parents).depth > self.guesses:
+                depth = Tree(self.parents).depth
+                raise ValueError(f"tree has depth {depth}, deeper than the {self.guesses} guesses per step")
         self.card: dict = {}
 
     def options(self) -> dict:
-        return {"prompt_tokens": self.count, "train_steps": self.train_steps}
+        return {
+            "prompt_tokens": self.count,
+            "train_steps": self.train_steps,
+            "tree": self.tree_kind,
+            "width": self.width,
+            "budget": self.budget,
+            "guesses": self.guesses,
+            "parents": self.parents,
+        }
 
     def ensure_trained(self) -> float:
         """Train (or load) the prompt tokens if none were given; returns the seconds their training took
@@ -440,7 +538,13 @@ class PPD(Method):
 
     def build(self, temperature: float = 0.0):
         self.ensure_trained()
-        return PPDDecoder(self.target, self.prompts, sampling=self.sampling(temperature))
+        return PPDDecoder(
+            self.target,
+            self.prompts,
+            tree=self.parents,
+            guesses=self.guesses,
+            sampling=self.sampling(temperature),
+        )
 
     def extra(self, decoder) -> dict:
         widths = decoder.verified_widths
@@ -448,32 +552,71 @@ class PPD(Method):
         return {"mean_verified_width": float(np.mean(widths)) if widths else 0.0, "draft_passes": 0}
 
     def predict(self, calibration_prompts, temperature, max_new_tokens):
-        """Per-depth acceptance of the guesses on the calibration prompts -> :func:`theory.expected_tokens`;
-        the measured cost of a step of width ``(k + 1)^2`` against a one-token pass gives the speedup."""
+        """Per-depth, per-rank acceptance of the guesses on the calibration prompts and the measured cost of a
+        step per tree size -> the tree (planned or the chain) and :func:`theory.tree_expected_tokens`; the
+        predicted speedup is that over the step's cost against a one-token pass."""
         import theory
-        from executor.methods.calibration import forward_time_ratio
+        from executor.methods.calibration import depth_acceptance, forward_time_ratio
+        from executor.methods.dyspec import calibration_tree
 
         train = self.ensure_trained()
-        runs = [
-            self.run(
-                prompt,
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-                generator=torch.Generator().manual_seed(1000 + index),
+        steps = []
+        for index, prompt in enumerate(calibration_prompts):
+            decoder = PPDDecoder(
+                self.target,
+                self.prompts,
+                tree=calibration_tree(self.count, self.width),
+                sampling=self.sampling(temperature),
             )
-            for index, prompt in enumerate(calibration_prompts)
-        ]
-        alphas = conditional_acceptance(runs, self.count)
-        tau = float(theory.expected_tokens(alphas, self.count, per_position=True))
-        width = (self.count + 1) ** 2
-        cost = forward_time_ratio(self.target, None, tokens=width)
+            generator = torch.Generator().manual_seed(1000 + index)
+            steps += decoder.generate(prompt, max_new_tokens, generator=generator).steps
+        acceptance = depth_acceptance(steps, self.count, self.width)
+        # Prompt token j sees only the ones before it, so the guesses of depths 1..m are the same with m
+        # attached: n nodes with m prompt tokens each cost a pass over n (m + 1) positions.
+        widths: dict[int, float] = {}
+
+        def cost(nodes: int, guesses: int) -> float:
+            width = nodes * (guesses + 1)
+            if width not in widths:
+                widths[width] = forward_time_ratio(self.target, None, tokens=width)
+            return widths[width]
+
+        plans = {}
+        for guesses in [self.fixed_guesses] if self.fixed_guesses else range(1, self.count + 1):
+            table = {nodes: cost(nodes, guesses) for nodes in range(1, self.budget + 1)}
+            plans[guesses] = theory.plan_tree(
+                acceptance.table[:guesses],
+                table,
+                0.0,
+                max_budget=self.budget,
+                max_depth=guesses,
+                max_width=self.width,
+            )
+        # No draft passes: step_time is the pass's cost in one-token passes, so G / step_time is the speedup.
+        best = max(plans, key=lambda m: (plans[m].expected_tokens / plans[m].step_time, -m))
+        if self.tree_kind == "planned":
+            self.guesses, self.parents = best, plans[best].tree.parents.tolist()
+        tau = float(theory.tree_expected_tokens(Tree(self.parents), acceptance.table))
+        step_cost = cost(len(self.parents), self.guesses)
         details = {
-            "acceptance_vector": alphas,
-            "calibration_by_depth": alphas,
+            **acceptance.details(),
+            "model": f"tree_expected_tokens(per-depth acc) on the {self.tree_kind} tree",
             "depth_aware": True,
-            "step_width": width,
-            "step_cost_vs_one_token": cost,
-            "predicted_speedup": tau / cost if cost else math.nan,
+            "guesses": self.guesses,
+            "parents": self.parents,
+            "planned": {
+                str(m): {
+                    "parents": plan.tree.parents.tolist(),
+                    "expected_tokens": plan.expected_tokens,
+                    "step_cost": plan.step_time,
+                    "speedup": plan.expected_tokens / plan.step_time,
+                }
+                for m, plan in plans.items()
+            },
+            "step_width": len(self.parents) * (self.guesses + 1),
+            "step_cost_by_width": {str(w): c for w, c in sorted(widths.items())},
+            "step_cost_vs_one_token": step_cost,
+            "predicted_speedup": tau / step_cost if step_cost else math.nan,
             "training": self.card,
         }
         return Prediction(tau, details, train_seconds=train)

@@ -43,7 +43,8 @@ TINY_OPTIONS = {
     "code-completion": {"exit_layers": [2]},
     "online": {"gamma": 3, "steps": 2, "lr": 1e-2, "window": 16},
     # Untrained prompt tokens: the law and greedy identity hold whatever the guesses are.
-    "ppd": lambda model: {"prompts": PromptTokens(model, 2)},
+    # A branching tree (two guesses at depth 1), so that the law tests cover PPD's sparse tree.
+    "ppd": lambda model: {"prompts": PromptTokens(model, 2), "tree": [-1, 0, 0, 1]},
 }
 
 
@@ -108,6 +109,9 @@ def test_registering_a_second_method_under_a_taken_name_is_refused():
         ("ppd", {"prompt_tokens": 0}, "prompt_tokens"),
         ("ppd", {"train_steps": 0}, "train_steps"),
         ("ppd", {"prompts": "trained"}, "prompts"),
+        ("ppd", {"tree": "sparse"}, "tree"),
+        ("ppd", {"tree": [-1, 0, 1, 2, 3]}, "deeper than the 3 guesses"),
+        ("ppd", {"guesses": 4}, "guesses must be at most"),
         ("dyspec", {"drafter": 3}, "drafter"),
         ("staged", {"drafter": "feature"}, "drafter"),
         ("staged", {"inner_length": 0}, "inner_length"),
@@ -204,7 +208,7 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
     [
         ("kangaroo", chain_module, "verify_chain", _chain_letters_swapped),
         ("dyspec", tree_module, "verify_multidraft", _letters_swapped),
-        ("ppd", chain_module, "verify_chain", _chain_letters_swapped),
+        ("ppd", tree_module, "verify_multidraft", _letters_swapped),
     ],
 )
 def test_the_law_test_catches_a_broken_verifier_inside_a_method(
