@@ -83,6 +83,8 @@ def summarise_unit(unit: dict) -> dict:
         "layers_per_token": sum(p["layer_evaluations"] for p in prompts) / tokens if tokens else math.nan,
         "n_layers": unit.get("n_layers"),
         "train_seconds": unit["train_seconds"] if unit["train_seconds"] is not None else 0.0,
+        "drafter_train_seconds": unit.get("drafter_train_seconds", 0.0),
+        "drafters": unit.get("drafters", []),
         "paper": unit["paper"],
         "options": unit["options"],
         "prediction": unit["prediction"],
@@ -357,8 +359,8 @@ def render_markdown(report: dict) -> str:
         "",
         "| method | T | lossless | measured τ | predicted τ | prediction check | acceptance by position | tokens/s | AR tokens/s "
         "| speedup vs AR | CPU-time speedup | greedy identical | exact match | ROUGE-L | layers/token "
-        "| memory-bound speedup | train s | note |",
-        "|---|---:|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        "| memory-bound speedup | train s | drafter train s | note |",
+        "|---|---:|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in report["rows"]:
         positions = ", ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:6]) or "–"
@@ -368,7 +370,8 @@ def render_markdown(report: dict) -> str:
             f"| {_fmt(row['ar_tokens_per_s'], 1)} | {_fmt(row['speedup_vs_ar'])} "
             f"| {_fmt(row.get('cpu_speedup_vs_ar'))} | {_identity(row)} "
             f"| {_fmt(row['exact_match'])} | {_fmt(row['rouge_l'])} | {_fmt(row['layers_per_token'], 1)} "
-            f"| {_fmt(row['memory_bound_speedup'])} | {_fmt(row['train_seconds'], 3)} | {row['note']} |"
+            f"| {_fmt(row['memory_bound_speedup'])} | {_fmt(row['train_seconds'], 3)} "
+            f"| {_fmt(row['drafter_train_seconds'], 0)} | {row['note']} |"
         )
     lines += ["", cpu_summary(report["rows"], bool(config.get("share_baseline"))), ""]
     lines += ["![measured against predicted tokens per step, and speedups](methods.png)", ""]

@@ -64,6 +64,18 @@ _BASELINES: dict = {}
 WARM_UP_TOKENS = 16
 
 
+def drafter_training(cards: list[dict]) -> dict:
+    """``drafters`` (kind, seconds, trained_with of each trained checkpoint a method drafts with) and
+    ``drafter_train_seconds``, their training time: heads trained in one job (``exit:12,18,24``: one card per
+    head, the job's seconds on each) count once."""
+    drafters = [
+        {"kind": card.get("kind"), "seconds": card.get("seconds"), "trained_with": card.get("trained_with")}
+        for card in cards
+    ]
+    jobs = {(d["trained_with"] or d["kind"], d["seconds"]) for d in drafters if d["seconds"] is not None}
+    return {"drafters": drafters, "drafter_train_seconds": float(sum(seconds for _, seconds in jobs))}
+
+
 def units(config: MethodsConfig) -> list[tuple[str, float]]:
     return [
         (name, temperature)
@@ -134,6 +146,7 @@ def run_unit(
         "predicted_tau": prediction.predicted_tau,
         "prediction": prediction.details,
         "train_seconds": prediction.train_seconds,
+        **drafter_training(method.drafter_cards()),
         "predict_seconds": predict_seconds,
         "predict_cpu_seconds": predict_cpu,
         "n_layers": model.config.n_layers,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from executor.methods.calibration import ExitProfile, continuation, exit_profile
@@ -11,6 +13,7 @@ __all__ = [
     "MethodDrafter",
     "cached_head_layer",
     "calibration_profile",
+    "checkpoint_cards",
     "check_exit_layer",
     "conditional_acceptance",
     "default_exit_layer",
@@ -56,6 +59,24 @@ def cached_head_layer(target, family: str, exit_layer, trained, *, deepest: bool
             f"(`specbound train-drafter --kind {suggested}`)"
         )
     return exit_layer, None
+
+
+def checkpoint_cards(*sources) -> list[dict]:
+    """The cards of trained checkpoints: each source a drafter (its ``card``, if any), a checkpoint directory or
+    ``None`` (skipped)."""
+    import json
+
+    from executor.training.checkpoint import CARD_NAME
+
+    cards = []
+    for source in sources:
+        if source is None:
+            continue
+        if isinstance(source, (str, Path)):
+            cards.append(json.loads((Path(source) / CARD_NAME).read_text()))
+        elif getattr(source, "card", None):
+            cards.append(source.card)
+    return cards
 
 
 class MethodDrafter:

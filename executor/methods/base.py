@@ -212,6 +212,12 @@ class Method(ABC):
         """Method-specific measurements after a run (override)."""
         return {}
 
+    def drafter_cards(self) -> list[dict]:
+        """Cards of the cached trained checkpoints the method drafts with (feature head, exit heads, adapter;
+        trained once by ``specbound train-drafter`` and shared): their ``seconds`` are the drafter's training
+        time. None by default; the method's own training is :attr:`Prediction.train_seconds`."""
+        return []
+
     def describe(self) -> dict:
         """Name, losslessness, paper and options, for reports."""
         return {"method": self.name, "lossless": self.lossless, "paper": self.paper, **self.options()}

@@ -37,7 +37,7 @@ import torch
 from executor.methods._common import calibration_profile
 from executor.methods.base import Method, MethodResult, Prediction
 from executor.methods.calibration import default_exit_head
-from executor.methods.del_exit import trained_exit_head
+from executor.methods.del_exit import exit_head_cards, trained_exit_head
 from theory.checks import as_count, as_probabilities
 
 __all__ = ["CodeCompletion", "LogisticRule", "rouge_l", "wrong_token_study"]
@@ -183,6 +183,9 @@ class CodeCompletion(Method):
         self.exit_rules: dict[int, LogisticRule] = {}
         self.stop_rule: LogisticRule | None = None
         self.references: list[list[int]] | None = None
+
+    def drafter_cards(self) -> list[dict]:
+        return exit_head_cards(self.target, self.trained_layers)
 
     def options(self) -> dict:
         return {

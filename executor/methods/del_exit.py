@@ -28,7 +28,12 @@ import torch
 
 from executor.decoders.base import run_tree
 from executor.drafters.exit_head import shallow_tree
-from executor.methods._common import calibration_profile, check_exit_layer, default_exit_layer
+from executor.methods._common import (
+    calibration_profile,
+    check_exit_layer,
+    checkpoint_cards,
+    default_exit_layer,
+)
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import default_exit_head
@@ -39,6 +44,7 @@ __all__ = [
     "DELPolicy",
     "SwitchableExitDrafter",
     "cached_exit_heads",
+    "exit_head_cards",
     "exit_head_function",
     "trained_exit_head",
 ]
@@ -58,6 +64,14 @@ def cached_exit_heads(target, layers=None) -> dict:
             heads[layer] = head.to(weight.device, weight.dtype).requires_grad_(False).eval()
             heads[layer].freeze_for_drafting(target)
     return heads
+
+
+def exit_head_cards(target, layers) -> list[dict]:
+    """The cards of the cached trained ``exit:K`` heads at ``layers`` (the ones :func:`cached_exit_heads`
+    loads)."""
+    from executor.training.trainer import cached_checkpoints
+
+    return checkpoint_cards(*(cached_checkpoints(target, f"exit:{layer}")[0] for layer in layers))
 
 
 def exit_head_function(target, heads: dict):
@@ -271,6 +285,9 @@ class DEL(Method):
         self.head = head
         self.prior = {l: 0.5 for l in self.layers}
         self.n_layers = n
+
+    def drafter_cards(self) -> list[dict]:
+        return exit_head_cards(self.target, self.trained_layers)
 
     def options(self) -> dict:
         return {

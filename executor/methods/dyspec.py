@@ -40,7 +40,7 @@ import torch
 
 from executor.decoders import DraftTree, TreeDecoder
 from executor.decoders.base import DecodingState
-from executor.methods._common import MethodDrafter, check_exit_layer, default_exit_layer
+from executor.methods._common import MethodDrafter, check_exit_layer, checkpoint_cards, default_exit_layer
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import DepthAcceptance, depth_acceptance
 from theory.checks import as_count
@@ -231,6 +231,9 @@ class _TreeMethod(Method):
             "budget": self.budget,
             "max_depth": self.max_depth,
         }
+
+    def drafter_cards(self) -> list[dict]:
+        return checkpoint_cards(self.make_drafter())
 
     def measure(self, prompts, temperature, max_new_tokens) -> DepthAcceptance:
         """The positional acceptance per depth on ``prompts`` (:func:`tree_acceptance`, ``max_depth`` rows

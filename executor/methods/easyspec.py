@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from executor.decoders import ChainDecoder
-from executor.methods._common import cached_head_layer, check_exit_layer, default_exit_layer
+from executor.methods._common import cached_head_layer, check_exit_layer, checkpoint_cards, default_exit_layer
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import depth_acceptance, forward_time_ratio
 from theory.checks import as_count
@@ -182,6 +182,9 @@ class EasySpec(Method):
         self.gamma = as_count(gamma, "gamma")
         self.group_size = as_count(group_size, "group_size")
         self.exact_layers = as_count(exact_layers, "exact_layers", minimum=0)
+
+    def drafter_cards(self) -> list[dict]:
+        return checkpoint_cards(self.head_path)
 
     def options(self) -> dict:
         return {

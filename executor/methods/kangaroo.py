@@ -28,6 +28,7 @@ from executor.methods._common import (
     cached_head_layer,
     calibration_profile,
     check_exit_layer,
+    checkpoint_cards,
     default_exit_layer,
 )
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
@@ -82,6 +83,9 @@ class Kangaroo(Method):
             "eta": self.eta,
             "adapter": None if self.adapter_path is None else str(self.adapter_path),
         }
+
+    def drafter_cards(self) -> list[dict]:
+        return checkpoint_cards(self.adapter_path)
 
     def make_drafter(self):
         if self._drafter is not None:

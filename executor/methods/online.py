@@ -30,7 +30,7 @@ import time
 import torch
 
 from executor.decoders import ChainDecoder
-from executor.methods._common import conditional_acceptance
+from executor.methods._common import checkpoint_cards, conditional_acceptance
 from executor.methods.base import Method, Prediction
 from theory.checks import as_count, as_nonnegative
 
@@ -173,6 +173,9 @@ class OnlineSpeculative(Method):
         self.served = 0
         self.curve: list[dict] = []
         self._decoder = None
+
+    def drafter_cards(self) -> list[dict]:
+        return checkpoint_cards(self.drafter)
 
     def options(self) -> dict:
         return {

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor.methods._common import MethodDrafter, check_exit_layer, default_exit_layer
+from executor.methods._common import MethodDrafter, check_exit_layer, checkpoint_cards, default_exit_layer
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
 from executor.methods.base import Method, Prediction
 from executor.methods.confidence import ConfidenceCalibration
@@ -454,6 +454,9 @@ class SpecDecPP(Method):
         self.head = head
         self.predictor = acceptance_head
         self.card: dict = {}
+
+    def drafter_cards(self) -> list[dict]:
+        return checkpoint_cards(self.make_drafter())
 
     def options(self) -> dict:
         return {

@@ -132,3 +132,29 @@ def test_draft2_hands_out_the_trained_heads_exact_draft_logits_and_saves_passes(
     assert method.run(prompt, temperature=0.0, max_new_tokens=12).token_ids == reference
     single = methods.get("staged-single")(target, budget=5, max_depth=3, width=2)
     assert single.run(prompt, temperature=0.0, max_new_tokens=12).token_ids == reference
+
+
+def test_methods_report_the_cards_of_the_trained_heads_they_draft_with(target):
+    from experiments.methods_run import drafter_training
+
+    assert methods.get("staged")(target).drafter_cards() == []  # nothing cached: untrained exit
+    for layer, seed in ((1, 3), (2, 4)):
+        cache_head(target, f"exit:{layer}", seed)
+    cache_head(target, "kangaroo:2", 7)
+    kinds = {
+        name: [card["kind"] for card in methods.get(name)(target).drafter_cards()]
+        for name in ("staged", "easyspec", "del", "code-completion", "kangaroo")
+    }
+    assert kinds == {
+        "staged": ["exit:2"],
+        "easyspec": ["exit:2"],
+        "del": ["exit:1", "exit:2"],
+        "code-completion": ["exit:1", "exit:2"],
+        "kangaroo": ["kangaroo:2"],
+    }
+    assert methods.get("staged")(target, trained=False).drafter_cards() == []
+    # Heads trained in one job share its seconds on each card: counted once.
+    joint = [{"kind": f"exit:{k}", "seconds": 360.0, "trained_with": "exit:1,2"} for k in (1, 2)]
+    alone = {"kind": "kangaroo:2", "seconds": 240.0}
+    assert drafter_training(joint + [alone])["drafter_train_seconds"] == 600.0
+    assert drafter_training([])["drafter_train_seconds"] == 0.0

@@ -21,6 +21,7 @@ REQUIRED = {
     "greedy_identical",
     "lossless",
     "train_seconds",
+    "drafter_train_seconds",
 }
 
 
