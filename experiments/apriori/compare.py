@@ -6,7 +6,8 @@ accepted path reached depth ``i + 1`` to steps that drafted, and the speedup the
 tokens per second to plain decoding's on the *same* resampled prompts (paired; each unit against the plain
 decoding runs that bracketed it in time). A run has few prompts (4 per half by default), where a plain
 percentile interval is too narrow: the intervals are *expanded* (:func:`expand`), so that a 95% interval covers
-at about 95%.
+at about 95%. The τ interval is also never narrower than the steps' own sampling error (:func:`within_floor`):
+over few prompts whose τ happen to agree, the prompt bootstrap alone gives a zero-width interval.
 
 When an a-priori prediction falls outside its interval, :func:`diagnose` splits the gap
 ``predicted − measured`` into the parts each assumption of the prediction is responsible for:
@@ -37,6 +38,7 @@ __all__ = [
     "ratio_samples",
     "speedup_samples",
     "within_ci",
+    "within_floor",
 ]
 
 #: Bootstrap resamples and interval level.
@@ -113,6 +115,31 @@ def bootstrap_ratio(numerators, denominators, rng, *, resamples: int = RESAMPLES
     top, bottom = np.sum(numerators, dtype=np.float64), np.sum(denominators, dtype=np.float64)
     estimate = top / bottom if bottom > 0 else float("nan")
     return _interval(expand(samples, estimate, len(numerators), level), level)
+
+
+def within_floor(interval_, estimate: float, step_tokens, level: float = LEVEL) -> list[float]:
+    r"""``interval_`` widened, where needed, to :math:`\hat\tau \pm z\, s_w / \sqrt N`: the sampling error of
+    the pooled tokens per step ``estimate`` from the steps within the prompts.
+
+    ``step_tokens``: one sequence per prompt, the tokens each step emitted. By the law of total variance the
+    pooled ratio's variance is at least its expected variance given the prompts, which the steps estimate:
+    :math:`s_w^2 / N` with :math:`s_w^2 = \sum_i \sum_j (x_{ij} - \bar x_i)^2 / (N - k)` the pooled
+    within-prompt variance of ``N`` steps over ``k`` prompts (each prompt's positions a sample of its
+    continuations). The prompt bootstrap estimates the total from ``k`` prompt means alone and can miss it
+    entirely: 4 prompts of 32 tokens in 22 steps each give every resample 32/22.
+    """
+    from scipy.stats import norm
+
+    groups = [np.asarray(g, dtype=np.float64) for g in step_tokens]
+    total = sum(g.size for g in groups)
+    if total <= len(groups) or not np.isfinite(estimate):
+        return list(interval_)
+    within = sum(float(((g - g.mean()) ** 2).sum()) for g in groups if g.size) / (total - len(groups))
+    half = float(norm.ppf(0.5 + level / 2.0)) * np.sqrt(within / total)
+    low, high = interval_
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return [estimate - half, estimate + half]
+    return [min(low, estimate - half), max(high, estimate + half)]
 
 
 def difference_interval(measured, predicted, *, level: float = LEVEL) -> list[float]:

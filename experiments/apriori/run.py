@@ -214,6 +214,7 @@ def run_generation(
         "temperature": temperature,
         "steps": len(result.steps),
         "tokens": sum(len(s.emitted) for s in result.steps),
+        "step_tokens": [len(s.emitted) for s in result.steps],
         "seconds": result.wall_time - result.prefill_time,
         "drafted_steps": sum(1 for s in result.steps if s.n_drafted > 0),
         "step_seconds": clock.step_seconds,

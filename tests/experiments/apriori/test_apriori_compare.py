@@ -20,6 +20,7 @@ from experiments.apriori.compare import (
     position_intervals,
     ratio_samples,
     within_ci,
+    within_floor,
 )
 
 
@@ -43,6 +44,51 @@ def test_interval_covers_the_true_ratio_at_its_level():
         wrong += within_ci(1.4 * 1.3, interval)
     assert 0.88 <= covered / 300 <= 0.99
     assert wrong / 300 < 0.10
+
+
+def test_prompts_that_agree_by_chance_still_get_the_steps_sampling_error():
+    # 4 prompts, each 32 tokens in 22 steps (10 steps of 2 tokens): every prompt resample gives 32/22.
+    prompts = [[2] * 10 + [1] * 12] * 4
+    tokens = np.array([sum(p) for p in prompts], dtype=float)
+    steps = np.array([len(p) for p in prompts], dtype=float)
+    rng = np.random.default_rng(0)
+    estimate = 32 / 22
+    bootstrap = bootstrap_ratio(tokens, steps, rng)
+    assert bootstrap == pytest.approx([estimate, estimate])
+    floored = within_floor(bootstrap, estimate, prompts)
+    # By hand: the pooled within-prompt variance (sum of squares over N - k steps), z = 1.96.
+    squares = 4 * (10 * (2 - estimate) ** 2 + 12 * (1 - estimate) ** 2)
+    half = 1.959963984540054 * np.sqrt(squares / (88 - 4) / 88)
+    assert floored == pytest.approx([estimate - half, estimate + half])
+    assert within_ci(1.556, floored) and not within_ci(1.556, bootstrap)
+    # A bootstrap interval already wider than the steps' error is left as it is.
+    assert within_floor([1.0, 2.0], estimate, prompts) == [1.0, 2.0]
+    # Too few steps to estimate a spread (one per prompt): unchanged.
+    assert within_floor([1.5, 1.5], 1.5, [[1], [2]]) == [1.5, 1.5]
+
+
+def test_the_floor_keeps_coverage_and_still_rejects_a_wrong_tau():
+    """Four prompts with the same true tau of 1.4 (the case the floor is for). The floor is conservative: the
+    interval is the wider of two estimates of the same noise, so it covers at least as often as the expanded
+    prompt bootstrap (measured: 0.95 plain, 0.98 floored at these seeds), and it still excludes a tau 25% off
+    most of the time (negative control: the floor is not so wide that nothing can miss)."""
+    rng = np.random.default_rng(3)
+    plain = floored = wrong = 0
+    trials = 300
+    for _ in range(trials):
+        prompts = [1 + rng.binomial(1, 0.4, size=20) for _ in range(4)]
+        tokens = np.array([p.sum() for p in prompts], dtype=float)
+        steps = np.full(4, 20.0)
+        estimate = tokens.sum() / steps.sum()
+        samples = expand(ratio_samples(tokens, steps, rng, resamples=400), estimate, 4)
+        bootstrap = [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))]
+        interval_ = within_floor(bootstrap, estimate, prompts)
+        plain += within_ci(1.4, bootstrap)
+        floored += within_ci(1.4, interval_)
+        wrong += within_ci(1.4 * 1.25, interval_)
+    assert floored >= plain
+    assert 0.93 <= floored / trials <= 1.0
+    assert wrong / trials < 0.05
 
 
 def test_within_ci_is_closed_and_refuses_undefined_intervals():
