@@ -506,10 +506,12 @@ class PPD(Method):
         if isinstance(tree, str):
             self.tree_kind = as_choice(tree, "tree", ("planned", "chain"))
         else:
-            self.tree_kind, self.parents = "given", Tree(tree).parents.tolist()
-            if Tree(self.parents).depth > self.guesses:
-                depth = Tree(self.parents).depth
-                raise ValueError(f"tree has depth {depth}, deeper than the {self.guesses} guesses per step")
+            given = Tree(tree)
+            if given.depth > self.guesses:
+                raise ValueError(
+                    f"tree has depth {given.depth}, deeper than the {self.guesses} guesses per step"
+                )
+            self.tree_kind, self.parents = "given", given.parents.tolist()
         self.card: dict = {}
 
     def options(self) -> dict:
