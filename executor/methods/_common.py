@@ -16,7 +16,9 @@ __all__ = [
     "checkpoint_cards",
     "check_exit_layer",
     "conditional_acceptance",
+    "deepest_exit_head",
     "default_exit_layer",
+    "missing_trained_head",
 ]
 
 
@@ -53,12 +55,28 @@ def cached_head_layer(target, family: str, exit_layer, trained, *, deepest: bool
         if found:
             return layer, found[0]
     if trained:
-        raise ValueError(
-            f"trained=True but no trained {family}:K {noun} is cached for this target"
-            f"{'' if exit_layer is None else f' at layer {exit_layer}'} "
-            f"(`specbound train-drafter --kind {suggested}`)"
+        raise missing_trained_head(
+            f"{family}:K {noun}", "" if exit_layer is None else f" at layer {exit_layer}", suggested
         )
     return exit_layer, None
+
+
+def deepest_exit_head(target, exit_layer, trained):
+    """``(layer, checkpoint)`` of a method drafting through one exit (staged, EasySpec): the deepest cached
+    trained ``exit:K`` head, or the one at ``exit_layer`` (:func:`cached_head_layer`); without one, the
+    untrained exit at ``exit_layer`` (default :func:`default_exit_layer`) and ``None``."""
+    layer, path = cached_head_layer(
+        target, "exit", exit_layer, trained, deepest=True, noun="head", suggested="exit:24"
+    )
+    return (default_exit_layer(target) if layer is None else layer), path
+
+
+def missing_trained_head(what: str, where: str, suggested: str) -> ValueError:
+    """The error of ``trained=True`` when no trained ``what`` (e.g. ``"exit:K head"``) is cached ``where``."""
+    return ValueError(
+        f"trained=True but no trained {what} is cached for this target{where} "
+        f"(`specbound train-drafter --kind {suggested}`)"
+    )
 
 
 def checkpoint_cards(*sources) -> list[dict]:

@@ -33,6 +33,7 @@ from executor.methods._common import (
     check_exit_layer,
     checkpoint_cards,
     default_exit_layer,
+    missing_trained_head,
 )
 from executor.methods.adaptive_chain import AdaptiveChainDecoder, DraftPolicy
 from executor.methods.base import Method, Prediction
@@ -95,10 +96,8 @@ def trained_exit_head(target, layers, trained: bool | None, suggested: str):
         return None, []
     heads = cached_exit_heads(target, layers)
     if trained and not heads:
-        raise ValueError(
-            "trained=True but no trained exit:K head is cached for this target"
-            f"{'' if layers is None else f' at layers {list(layers)}'} "
-            f"(`specbound train-drafter --kind {suggested}`)"
+        raise missing_trained_head(
+            "exit:K head", "" if layers is None else f" at layers {list(layers)}", suggested
         )
     if not heads:
         return None, []

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from executor.decoders import ChainDecoder
-from executor.methods._common import cached_head_layer, check_exit_layer, checkpoint_cards, default_exit_layer
+from executor.methods._common import check_exit_layer, checkpoint_cards, deepest_exit_head
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import depth_acceptance, forward_time_ratio
 from theory.checks import as_count
@@ -168,12 +168,8 @@ class EasySpec(Method):
         trained=None,
     ):
         super().__init__(target, tokenizer)
-        exit_layer, self.head_path = cached_head_layer(
-            target, "exit", exit_layer, trained, deepest=True, noun="head", suggested="exit:24"
-        )
-        self.exit_layer = check_exit_layer(
-            target, default_exit_layer(target) if exit_layer is None else exit_layer
-        )
+        exit_layer, self.head_path = deepest_exit_head(target, exit_layer, trained)
+        self.exit_layer = check_exit_layer(target, exit_layer)
         self.head = None
         if self.head_path is not None:
             from executor.drafters.exit_head import ExitDrafter

@@ -29,7 +29,7 @@ import torch
 from executor.decoders import TreeDecoder
 from executor.drafters import PromptLookupDrafter
 from executor.drafters.exit_head import ExitDrafter, shallow_forward
-from executor.methods._common import cached_head_layer, default_exit_layer
+from executor.methods._common import deepest_exit_head
 from executor.methods.dyspec import Sequoia
 from theory.checks import as_count
 
@@ -204,16 +204,7 @@ class Staged(Sequoia):
                 "drafter: staged drafts with a layer-K exit (trained exit:K head or early exit) so that its "
                 "draft² can score a proposed chain in one pass; choose it with exit_layer and trained"
             )
-        layer, self.head_path = cached_head_layer(
-            target,
-            "exit",
-            options.pop("exit_layer", None),
-            trained,
-            deepest=True,
-            noun="head",
-            suggested="exit:24",
-        )
-        layer = default_exit_layer(target) if layer is None else layer
+        layer, self.head_path = deepest_exit_head(target, options.pop("exit_layer", None), trained)
         spec = f"early-exit:{layer}" if self.head_path is None else f"exit:{layer}:{self.head_path}"
         super().__init__(target, tokenizer, drafter=spec, exit_layer=layer, **options)
         self.inner_length = self.check_inner_length(inner_length)
