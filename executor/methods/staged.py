@@ -136,9 +136,6 @@ class StagedDrafter:
 
     def draft_logits(self, state, tree, nodes):
         self.draft_levels += 1
-        if self.inner_length == 0:  # single stage
-            self.draft_passes += 1
-            return self.inner.draft_logits(state, tree, nodes)
         if nodes == [0]:
             self.draft_passes += 1
             return self._inner(state)
@@ -256,7 +253,8 @@ class Staged(Sequoia):
 
 
 class StagedSingleStage(Staged):
-    """Staged's single-stage control: the same drafter and tree, every draft level one drafter pass."""
+    """Staged's single-stage control: the same drafter and tree, decoded by Sequoia's plain tree decoder (every
+    draft level one drafter pass; the run counts them as ``draft_levels``)."""
 
     name = "staged-single"
     paper = Staged.paper + " (single-stage control)"
@@ -267,5 +265,11 @@ class StagedSingleStage(Staged):
             raise ValueError(f"inner_length: staged-single has no draft² (0), got {inner_length!r}")
         return 0
 
+    def build(self, temperature: float = 0.0):
+        return Sequoia.build(self, temperature)
+
     def predict(self, calibration_prompts, temperature, max_new_tokens):
         return Sequoia.predict(self, calibration_prompts, temperature, max_new_tokens)
+
+    def extra(self, decoder) -> dict:
+        return Sequoia.extra(self, decoder)
