@@ -280,7 +280,9 @@ def _into_singleton_bounds(target, low, high, p, above: bool) -> np.ndarray:
     not ``sum - target.sum()``, which cancels. Tokens receive it in proportion to their room below
     :math:`\min(h, p)` (``above``: the side of ``p`` the acceptance needs) or give it in proportion to their
     room above :math:`\max(\ell, p)` (below the minimiser); when that room falls short, the room to the
-    bound alone (lossless anyway: only the acceptance shows it).
+    bound alone (lossless anyway: only the acceptance shows it). A room short of the excess by round-off only
+    (a few ulps of the masses: the room exactly fills it, computed along another path) still counts as enough;
+    its tokens then pass their side of ``p`` by that round-off.
     """
     clipped = np.minimum(np.maximum(target, low), high)
     moved = target - clipped
@@ -291,10 +293,11 @@ def _into_singleton_bounds(target, low, high, p, above: bool) -> np.ndarray:
         rooms = clipped - (low if above else np.maximum(low, p)), clipped - low
     else:
         return clipped
+    round_off = 4.0 * np.finfo(np.float64).eps * (1.0 + float(np.abs(clipped).sum()))
     for room in rooms:
         room = np.maximum(room, 0.0)
         total = float(room.sum())
-        if total >= abs(excess):
+        if total > 0.0 and total >= abs(excess) - round_off:
             return clipped + np.sign(excess) * room * (abs(excess) / total)
     # Room short of the excess (by round-off when the bounds are tight): all of it, the rest is restored by the
     # caller's normalisation. Returning ``clipped`` here lost 0.25 of mass when the room fell 6e-17 short.

@@ -211,6 +211,15 @@ def clip_cases(draw):
 
 
 @given(clip_cases())
+@example(  # the room above p (token 0's) is one ulp short of the deficit: it used to take from token 2 below p
+    (
+        np.array([1.10377358, -0.5, 0.39622642]),
+        np.array([0.60377358, 0.0, 0.30188679]),
+        np.array([1.20754717, 0.0, 0.49056604]),
+        np.array([0.60377358, 0.0, 0.39622642]),
+        False,
+    )
+)
 @example(  # the only room (token 1's, to its bound) is 6e-17 short of the excess: it used to move nothing
     (
         np.array([0.67857142857142860, 0.32142857142857145]),
