@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -154,15 +154,18 @@ class RecordingDrafter:
     and for the whole run the wall time of each call (the drafter's cost, measured in the run).
 
     Attach to a decoder with :meth:`attach`: afterwards ``logits_per_step[i]`` maps node -> logits (numpy
-    float32) for step ``i`` of the generation.
+    float32) for step ``i`` of the generation, and ``call_times`` holds ``(level, nodes, seconds)`` per call,
+    ``level`` being the call's index within its step (0: the root's pass, which also catches up on the tokens
+    the last step committed).
     """
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.current: dict[int, np.ndarray] = {}
         self.logits_per_step: list[dict[int, np.ndarray]] = []
-        self.call_times: list[tuple[int, float]] = []
+        self.call_times: list[tuple[int, int, float]] = []
         self.drafting = False
+        self.level = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -174,7 +177,8 @@ class RecordingDrafter:
             logits = self.inner.draft_logits(state, tree, nodes)
         finally:
             self.drafting = False
-        self.call_times.append((len(nodes), time.perf_counter() - start))
+        self.call_times.append((self.level, len(nodes), time.perf_counter() - start))
+        self.level += 1
         if logits is not None:
             rows = logits.detach().float().cpu().numpy()
             for node, row in zip(nodes, rows, strict=True):
@@ -187,7 +191,7 @@ class RecordingDrafter:
         original = decoder.step
 
         def step(state, generator):
-            self.current = {}
+            self.current, self.level = {}, 0
             log = original(state, generator)
             self.logits_per_step.append({node: self.current[node] for node in log.expanded})
             return log
@@ -197,11 +201,17 @@ class RecordingDrafter:
 
 @dataclass
 class LatencyProfile:
-    """Seconds to verify ``n`` tokens (``target_time[n]``) and per draft forward pass (``draft_time``)."""
+    """Seconds to verify ``n`` tokens (``target_time[n]``) and per draft forward pass (``draft_time``).
+
+    ``pass_times[k]``, when known, is the seconds of the ``k``-th draft pass of a decoding step (the first,
+    the root's, also feeds the drafter the tokens the last step committed; on SmolLM2's feature head here the
+    later ones cost 0.7-0.9 of it); :meth:`drafting` charges them, and ``draft_time`` where they are unknown.
+    """
 
     target_time: dict[int, float]
     draft_time: float
     source: str = "measured in the run"
+    pass_times: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.target_time = {int(n): float(t) for n, t in self.target_time.items()}
@@ -209,6 +219,20 @@ class LatencyProfile:
             raise ValueError("latency: target_time must give a positive time for 1 token")
         if not np.isfinite(self.draft_time) or self.draft_time < 0:
             raise ValueError(f"latency: draft_time must be a non-negative number, got {self.draft_time!r}")
+        if self.pass_times is not None:
+            self.pass_times = [float(t) for t in self.pass_times]
+            if not self.pass_times or not all(np.isfinite(t) and t >= 0 for t in self.pass_times):
+                raise ValueError(f"latency: pass_times must be non-negative numbers, got {self.pass_times!r}")
+
+    def drafting(self, passes: int) -> float:
+        """Seconds of a step's first ``passes`` draft passes (``pass_times``, its last entry repeated beyond
+        its length; ``passes * draft_time`` without them)."""
+        if passes <= 0:
+            return 0.0
+        if self.pass_times is None:
+            return passes * self.draft_time
+        known = self.pass_times[:passes]
+        return float(sum(known) + (passes - len(known)) * self.pass_times[-1])
 
     def t(self, n: float) -> float:
         """``target_time`` at ``n`` tokens, linear between measured sizes and beyond the largest one."""
@@ -222,12 +246,46 @@ class LatencyProfile:
     def to_json(self) -> dict:
         return {
             "target_time": {str(n): t for n, t in self.target_time.items()},
-            **{"draft_time": self.draft_time, "source": self.source},
+            **{"draft_time": self.draft_time, "source": self.source, "pass_times": self.pass_times},
         }
 
     @classmethod
     def from_json(cls, data: dict) -> LatencyProfile:
-        return cls({int(n): t for n, t in data["target_time"].items()}, data["draft_time"], data["source"])
+        return cls(
+            {int(n): t for n, t in data["target_time"].items()},
+            data["draft_time"],
+            data["source"],
+            data.get("pass_times"),
+        )
+
+    def with_pass_times(self, paths: list[dict]) -> LatencyProfile:
+        """This profile with ``pass_times`` measured in the calibration chains' unit records ``paths``
+        (``draft_calls``, ``step_sizes`` and ``target_seconds`` of :func:`~experiments.apriori.run.run_generation`);
+        unchanged when no path has them (units logged before they were kept).
+
+        The pass at level ``k`` costs the median over the chains' level-``k`` calls of seconds times
+        ``sum(t(size)) / target_seconds``, its path's profile time of the target's passes over their measured
+        time: the machine's speed drifts by 10-30% over seconds (docs/validate.md), and the ratio to the
+        target's own passes in the same path puts the calls on the profile's scale. The profile's own draft
+        pass, a root and a child on a synthetic context, read 5.4 ms where the chains' roots took 4.3 ms (in
+        profile time) and their later passes 3.3 ms, which predicted a 4-draft chain's speedup at 0.79x
+        against 0.90x measured.
+        """
+        by_level: dict[int, list[float]] = {}
+        for path in paths:
+            if not path.get("draft_calls") or not path.get("target_seconds"):
+                continue
+            scale = sum(self.t(size) for size in path["step_sizes"]) / path["target_seconds"]
+            for level, seconds in path["draft_calls"]:
+                by_level.setdefault(int(level), []).append(seconds * scale)
+        if 0 not in by_level:
+            return self
+        times = [
+            float(np.median(by_level[level])) for level in range(max(by_level) + 1)
+        ]  # levels 0..L all occur
+        return replace(
+            self, pass_times=times, source=f"{self.source}; draft passes from the calibration chains"
+        )
 
 
 def read_latency(path: str) -> LatencyProfile:

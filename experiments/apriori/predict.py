@@ -2,12 +2,15 @@
 from a :class:`~experiments.apriori.calibrate.Calibration` alone.
 
 A step of every decoder costs one target pass over the tree it verifies and one draft pass per drafted level,
-so with the calibrated latencies (``t(n)`` seconds to verify ``n`` tokens, ``t_d`` per draft pass)
+so with the calibrated latencies (``t(n)`` seconds to verify ``n`` tokens, ``t_d(k)`` for a step's ``k``-th
+draft pass)
 
-.. math:: \\text{speedup} = \\frac{\\tau \\; t(1)}{E[t(\\text{tree size})] + E[\\text{draft passes}]\\; t_d}
+.. math:: \\text{speedup} = \\frac{\\tau \\; t(1)}{E[t(\\text{tree size})] + E[\\textstyle\\sum_{k < \\text{passes}} t_d(k)]}
 
 against plain decoding (Leviathan et al., ICML 2023, arXiv 2211.17192, Theorem 3.8, with the measured
-``t(n)`` of Sequoia, Chen et al., NeurIPS 2024, arXiv 2402.12374, §4.1). The tokens per step ``τ``:
+``t(n)`` of Sequoia, Chen et al., NeurIPS 2024, arXiv 2402.12374, §4.1; ``t_d(k)`` is the ``k``-th draft pass of
+a step, measured in the calibration chains: :meth:`~experiments.apriori.calibrate.LatencyProfile.drafting`).
+The tokens per step ``τ``:
 
 * **chain** of ``γ`` drafts: :func:`theory.expected_tokens` of the positional acceptance; the *optimal* chain
   uses :func:`theory.optimal_draft_length` with ``c = t_d / t(1)``;
@@ -311,7 +314,7 @@ def _tree_prediction(config, tree, matrix: np.ndarray, cal: Calibration, passes:
     distribution = theory.tree_token_distribution(tree, matrix)
     reach = [float(distribution[k:].sum()) for k in range(1, distribution.size)]
     tau = theory.tree_expected_tokens(tree, matrix)
-    step = cal.latency.t(tree.size) + passes * cal.latency.draft_time
+    step = cal.latency.t(tree.size) + cal.latency.drafting(passes)
     return _finish(config, cal, tau, reach, step, {"size": tree.size})
 
 
@@ -360,11 +363,11 @@ def predict(config: DecoderConfig, cal: Calibration, *, rule_buckets: dict | Non
     if config.kind == "chain":
         alphas = np.asarray(cal.positional[: config.gamma])
         tau = theory.expected_tokens(alphas, config.gamma)
-        step = lat.t(config.gamma + 1) + config.gamma * lat.draft_time
+        step = lat.t(config.gamma + 1) + lat.drafting(config.gamma)
         return _finish(config, cal, tau, np.cumprod(alphas), step)
     if config.kind == "multidraft":
         alpha = cal.multidraft[f"{config.verifier}-n{config.n}"]
-        step = lat.t(config.n + 1) + lat.draft_time
+        step = lat.t(config.n + 1) + lat.drafting(1)
         bound = cal.bound[f"{config.verifier}-n{config.n}"]
         return _finish(config, cal, 1.0 + alpha, [alpha], step, {"optimal_acceptance": bound})
     matrix = _matrix(cal)
@@ -385,7 +388,7 @@ def predict(config: DecoderConfig, cal: Calibration, *, rule_buckets: dict | Non
             k_law, reach = length_law(rule, model)
         sizes = np.arange(k_law.size)
         passes = sizes + (sizes < config.gamma)
-        step = float(sum(w * (lat.t(k + 1) + passes[k] * lat.draft_time) for k, w in enumerate(k_law)))
+        step = float(sum(w * (lat.t(k + 1) + lat.drafting(int(passes[k]))) for k, w in enumerate(k_law)))
         tau = 1.0 + float(reach.sum())
         drafted = float(np.dot(sizes, k_law))
         return _finish(config, cal, tau, reach, step, {"drafted": drafted, "pooled_tau": pooled})

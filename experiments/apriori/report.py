@@ -294,6 +294,21 @@ def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
     return report
 
 
+def _pass_times_sentence(calibrations: dict) -> str:
+    """The draft passes the predictions charge, per temperature, when the calibration chains measured them."""
+    parts = []
+    for tag, cal in calibrations.items():
+        times = cal["latency"].get("pass_times")
+        if times:
+            parts.append(f"{tag}: " + ", ".join(f"{1000 * t:.2f}" for t in times) + " ms")
+    if not parts:
+        return ""
+    return (
+        " The predictions charge each step's draft passes as the calibration chains measured them, on the "
+        "profile's scale (first pass, second, ...): " + "; ".join(parts) + "."
+    )
+
+
 def multidraft_table(cal: Calibration, rows: list[dict]) -> list[dict]:
     """Per ``n`` and verifier: the exact acceptance on the *same* positions (the calibration half's root
     events, every verifier on each), the optimum α* there and the efficiency α/α*; next to it the acceptance
@@ -348,7 +363,7 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         f"{config['calibration_paths']} sampled paths at T > 0, the greedy path at T = 0. "
         f"Latency {report['latency']['source']}: "
         f"t(1) = {1000 * report['latency']['target_time']['1']:.2f} ms, draft pass "
-        f"{1000 * report['latency']['draft_time']:.2f} ms.",
+        f"{1000 * report['latency']['draft_time']:.2f} ms." + _pass_times_sentence(report["calibration"]),
         "",
         SECTIONS[1],
         "",

@@ -219,7 +219,9 @@ def run_generation(
         "drafted_steps": sum(1 for s in result.steps if s.n_drafted > 0),
         "step_seconds": clock.step_seconds,
         "target_seconds": clock.target_seconds,
-        "draft_seconds": sum(t for _, t in recorder.call_times) if recorder is not None else 0.0,
+        "draft_seconds": sum(t for _, _, t in recorder.call_times) if recorder is not None else 0.0,
+        "draft_calls": [[level, t] for level, _, t in recorder.call_times] if recorder is not None else [],
+        "step_sizes": [len(s.tokens) for s in result.steps],  # tokens each target pass verified
         "reached": reached,
         "records": records,
     }
@@ -547,12 +549,14 @@ def resolve_drafter(config: AprioriConfig, model, *, train_if_missing: bool) -> 
 def calibrate_from_units(
     out: Path, temperature: float, config: AprioriConfig, latency, prompts
 ) -> Calibration:
-    """The calibration of one temperature from its calibration units on disk (nothing else is read)."""
+    """The calibration of one temperature from its calibration units on disk (nothing else is read); the draft
+    passes are priced from the calibration chains' own (:meth:`LatencyProfile.with_pass_times`)."""
     units = _units(out, f"calib-{_tag(temperature)}--*.json")
+    shallow = _units(out, f"calib1-{_tag(temperature)}--*.json")
+    latency = latency.with_pass_times([path for unit in units + shallow for path in unit["paths"]])
     cal = calibrate(
         calibration_records(units), latency, temperature=temperature, depth=config.depth, prompts=prompts
     )
-    shallow = _units(out, f"calib1-{_tag(temperature)}--*.json")
     if shallow:
         cal.shallow = shallow_profile(calibration_records(shallow), temperature)
     cal.overhead = overheads(out, temperature)

@@ -162,7 +162,8 @@ def test_recording_drafter_keeps_each_expanded_node_logits():
         assert sorted(logits) == step.expanded
         q = torch.softmax(torch.tensor(np.stack([logits[v] for v in step.expanded])), -1)
         assert torch.allclose(q, step.distributions.q, atol=1e-5)
-    assert [n for n, _ in recorder.call_times] == [1] * (3 * len(result.steps))  # one node per level
+    assert [n for _, n, _ in recorder.call_times] == [1] * (3 * len(result.steps))  # one node per level
+    assert [level for level, _, _ in recorder.call_times] == [0, 1, 2] * len(result.steps)
 
 
 def test_latency_profile_interpolates_and_extrapolates_linearly():
@@ -380,3 +381,35 @@ def test_shallow_profile_averages_the_root_events_only():
     assert shallow["bound"] == pytest.approx({"rrs-n2": 0.6})
     with pytest.raises(ValueError, match="no verification event at the root"):
         shallow_profile(records[2:], temperature=1.0)
+
+
+def test_drafting_charges_each_pass_of_a_step():
+    flat = LatencyProfile({1: 1.0}, 0.25)
+    assert flat.drafting(0) == 0.0 and flat.drafting(3) == 0.75
+    measured = LatencyProfile({1: 1.0}, 0.25, pass_times=[0.3, 0.2, 0.1])
+    assert measured.drafting(1) == pytest.approx(0.3) and measured.drafting(3) == pytest.approx(0.6)
+    assert measured.drafting(5) == pytest.approx(
+        0.8
+    )  # the last measured pass repeats beyond the chains' depth
+    assert LatencyProfile.from_json(json.loads(json.dumps(measured.to_json()))) == measured
+    with pytest.raises(ValueError, match="pass_times"):
+        LatencyProfile({1: 1.0}, 0.25, pass_times=[0.1, -0.2])
+
+
+def test_pass_times_are_medians_per_level_on_the_profiles_scale():
+    """Each call is scaled by its path's profile time of the target's passes over their measured time: a path
+    measured in a spell twice as slow as the profile counts its calls at half their seconds."""
+    latency = LatencyProfile({1: 1.0, 3: 2.0}, 0.5)
+    slow = {
+        "step_sizes": [3, 3],
+        "target_seconds": 8.0,
+        "draft_calls": [[0, 0.8], [1, 0.4], [0, 1.2], [1, 0.4]],
+    }
+    even = {"step_sizes": [1, 3], "target_seconds": 3.0, "draft_calls": [[0, 0.5], [1, 0.3], [2, 0.2]]}
+    timed = latency.with_pass_times([slow, even])
+    # slow scales by 4 / 8: roots 0.4, 0.6, level 1: 0.2, 0.2; even by 3 / 3
+    assert timed.pass_times == pytest.approx([0.5, 0.2, 0.2])
+    assert timed.target_time == latency.target_time and timed.draft_time == 0.5
+    assert "calibration chains" in timed.source
+    unlogged = {"step_sizes": [3], "target_seconds": 2.0, "steps": 1}  # units from before the field
+    assert latency.with_pass_times([unlogged]) is latency and latency.with_pass_times([]) is latency

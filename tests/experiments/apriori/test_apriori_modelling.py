@@ -85,7 +85,7 @@ def test_step_clock_splits_a_generation_and_gives_the_model_its_forward_back():
     clock = StepClock(model, decoder, recorder)
     result = decoder.generate([1, 2, 3], 12, generator=torch.Generator().manual_seed(0))
     clock.detach()
-    draft = sum(t for _, t in recorder.call_times)
+    draft = sum(t for _, _, t in recorder.call_times)
     assert clock.target_seconds > 0 and draft > 0
     assert clock.target_seconds + draft <= clock.step_seconds + 1e-9
     assert clock.step_seconds <= result.wall_time

@@ -5,6 +5,8 @@ tree Sequoia's path-product sum; the dynamic tree is rebuilt by hand; the length
 and reproduces theory.evaluate_rule; the executor's BucketStopRule stops exactly where the theory rule does.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,25 @@ def test_chain_prediction_is_the_geometric_sum(gamma):
     assert prediction.step_time == pytest.approx(step) and prediction.speedup == pytest.approx(
         prediction.tau / step
     )
+
+
+def test_step_times_charge_the_measured_draft_pass_of_each_level():
+    """With the calibration chains' pass times, a step of ``k`` draft levels pays the first ``k`` of them:
+    the chain its gamma, the multi-draft step its root pass, a tree its depth, a stop rule per outcome."""
+    cal = calibration(a=0.6)
+    cal.latency = replace(LATENCY, pass_times=[0.3, 0.1])
+    chain = predict(DecoderConfig("c", "chain", gamma=3), cal)
+    assert chain.step_time == pytest.approx(1.3 + 0.3 + 0.1 + 0.1)
+    multidraft = predict(DecoderConfig("m", "multidraft", verifier="kseq", n=3), cal)
+    assert multidraft.step_time == pytest.approx(1.3 + 0.3)
+    tree = predict(DecoderConfig("t", "tree", verifier="rrs_wor", parents=(-1, 0, 0, 1)), cal)
+    assert tree.step_time == pytest.approx(1.3 + 0.3 + 0.1)
+    stop = predict(DecoderConfig("s", "stop", gamma=2, rule="kangaroo", threshold=0.5), cal)
+    k_law, _ = length_law(theory.kangaroo_confidence_stop(0.5, max_length=2), bucket_model(cal, 2))
+    # k drafts cost k passes, plus the pass whose logits the rule stopped on when k < gamma
+    passes = {0: 0.3, 1: 0.3 + 0.1, 2: 0.3 + 0.1}
+    expected = sum(w * (LATENCY.t(k + 1) + passes[k]) for k, w in enumerate(k_law))
+    assert stop.step_time == pytest.approx(expected)
 
 
 def test_multidraft_prediction_is_one_plus_the_root_acceptance():
