@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from experiments.apriori.calibrate import split_prompts
 from experiments.apriori.report import SECTIONS, build_report
 from experiments.apriori.run import AprioriConfig
 from experiments.cli import main
@@ -224,6 +225,8 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
     calls = recorded_generations(tiny_run, tmp_path / "run")
     calls = [call for call in calls if not call[2].startswith("calibration")]
     overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
+    # a configuration runs on further calibration prompts until it has enough steps: one turn per configuration
+    overhead = [call for k, call in enumerate(overhead) if k == 0 or call != overhead[k - 1]]
     evaluation = [(seed - 1000, t) for seed, t, _ in calls if 1000 <= seed < 2000]
     turns = 2 * min(sum(t == 0.0 for t, _ in overhead), sum(t == 1.0 for t, _ in overhead))
     assert turns >= 4 and [t for t, _ in overhead[:turns]] == [0.0, 1.0] * (turns // 2)
@@ -232,6 +235,52 @@ def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, t
     for prompt in set(prompts):
         temperatures = [t for p, t in evaluation if p == prompt]
         assert temperatures == sorted(temperatures) and set(temperatures) == {0.0, 1.0}
+
+
+def test_overhead_units_stop_once_they_hold_enough_steps(tiny_run):
+    """Each configuration's overhead is measured over at least ``overhead_steps`` steps where the calibration
+    prompts allow, and on no more prompts than it takes to get there."""
+    from experiments.apriori.run import overhead_steps
+
+    out, _ = tiny_run
+    config = stored_config(out)
+    needed = overhead_steps(config)
+    grouped: dict = {}
+    for path in sorted((out / "units").glob("overhead-*.json")):
+        unit = json.loads(path.read_text())
+        grouped.setdefault((unit["temperature"], unit["decoder"]), []).append(unit["steps"])
+    calibration_half, _ = split_prompts(config.prompts, config.seed)
+    for key, steps in grouped.items():
+        assert sum(steps[:-1]) < needed, key  # the last prompt was needed
+        assert sum(steps) >= needed or len(steps) == len(calibration_half), key
+
+
+def test_a_short_overhead_run_is_topped_up_on_the_next_calibration_prompt(tiny_run, tmp_path):
+    """A generation that ends early (an end-of-sequence token drawn in its first step) measured one
+    configuration's overhead on a single step; the run then measures it on the next calibration prompt too."""
+    import experiments.apriori.run as run
+
+    _, patch = tiny_run
+    real = run.run_generation
+    prompts = []
+
+    def one_step_overheads(decoder, model, prompt, **kwargs):
+        record = real(decoder, model, prompt, **kwargs)
+        if 2000 <= kwargs["seed"] < 3000 and decoder.label == "chain-opt":  # the overhead phase (seed 0)
+            prompts.append((kwargs["temperature"], kwargs["seed"]))
+            record = {**record, "steps": 1}
+        return record
+
+    patch.setattr(run, "run_generation", one_step_overheads)
+    try:
+        assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
+    finally:
+        patch.setattr(run, "run_generation", real)
+    config = stored_config(tmp_path / "run")
+    assert config.seed == 0
+    calibration_half, _ = split_prompts(config.prompts, config.seed)
+    for t in (0.0, 1.0):
+        assert sorted(seed - 2000 for temp, seed in prompts if temp == t) == calibration_half
 
 
 def test_each_calibration_prompt_runs_several_sampled_paths_and_one_greedy_path(tiny_run, tmp_path):
