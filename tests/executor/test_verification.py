@@ -208,6 +208,45 @@ def test_kseq_division_factor_in_torch_equals_its_numpy_twin(pair, n):
     assert batch[1, 0] == alone[0]
 
 
+def kseq_beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
+    return float(np.minimum(p / rho, q).sum())
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.05, 0.5, 5.0]),
+    st.integers(2, 8),
+    st.sampled_from(["plain", "edges", "sparse"]),
+)
+def test_kseq_division_factor_is_the_smallest_valid_factor_at_vocabulary_scale(seed, concentration, n, shape):
+    """The bucketed search (ratios binned on [1, n], the last halvings on one bucket's tokens) returns a valid
+    factor that a 1e-9 smaller one is not, and the numpy twin's bisection to 1e-6, on rows of 4,000 tokens:
+    Dirichlet pairs, pairs with many ratios exactly on the bucket edges, and pairs with zeros in q and p."""
+    rng = np.random.default_rng(seed)
+    vocab = 4000
+    q = rng.dirichlet(np.full(vocab, concentration))
+    p = rng.dirichlet(np.full(vocab, concentration))
+    if shape == "edges":  # a third of the tokens at ratios 1 + (n - 1) k / 1024 exactly
+        k = rng.integers(0, verification.KSEQ_BUCKETS + 1, vocab // 3)
+        p[: vocab // 3] = q[: vocab // 3] * (1.0 + (n - 1.0) / verification.KSEQ_BUCKETS * k)
+    elif shape == "sparse":
+        q[rng.random(vocab) < 0.2] = 0.0
+        p[rng.random(vocab) < 0.2] = 0.0
+    p, q = p / p.sum(), q / q.sum()
+    rho = float(verification._kseq_division_factor(torch.from_numpy(p), torch.from_numpy(q), n))
+    assert 1.0 <= rho <= n
+    beta = kseq_beta(p, q, rho)
+    # valid; the full sum rounds differently from the search's (the twin's own factor can be 1e-16 past 1e-13)
+    assert 1.0 - (1.0 - beta) ** n <= rho * beta + 1e-13 + 1e-14
+    if rho > 1.0:
+        smaller = rho * (1.0 - 1e-9)
+        beta = kseq_beta(p, q, smaller)
+        assert 1.0 - (1.0 - beta) ** n > smaller * beta + 1e-13 - 1e-14
+    expected = float(verifier("kseq").division_factor(p, q, n))
+    assert rho == pytest.approx(expected, rel=1e-6)
+    assert kseq_acceptance(p, q, n, rho) == pytest.approx(kseq_acceptance(p, q, n, expected), abs=1e-9)
+
+
 def test_kseq_division_factor_in_torch_runs_without_numpy(monkeypatch):
     # No host round trip: the kernel must not call theory's numpy bisection at run time.
     monkeypatch.setattr(np, "minimum", None)
