@@ -41,12 +41,11 @@ import torch
 from executor.optimal_verification import verify_optimal
 from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
 from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
+from theory.verifiers.iid import KSEQ_BUCKETS  # the twins bin the ratios alike
 
 #: Bisection steps for K-SEQ's rho* on [1, n]: halves the interval below float64 resolution, as its twin
 #: ``theory.verifier("kseq").division_factor`` does.
 KSEQ_BISECTION_STEPS = 80
-#: Buckets of the ratio p/q on [1, n] that place rho* before the last steps (:func:`_kseq_division_factor`).
-KSEQ_BUCKETS = 1024
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from executor.verification import (
     verify_tree_argmax,
 )
 from tests.goodness_of_fit import law_p_value, z_score
+from tests.kseq_rows import KSEQ_ROW_ARGUMENTS, kseq_row
 from theory import draft_laws, strategies, verifier
 
 ACCEPT_P_VALUE = 1e-3
@@ -212,27 +213,12 @@ def kseq_beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
     return float(np.minimum(p / rho, q).sum())
 
 
-@given(
-    st.integers(0, 2**32 - 1),
-    st.sampled_from([0.05, 0.5, 5.0]),
-    st.integers(2, 8),
-    st.sampled_from(["plain", "edges", "sparse"]),
-)
+@given(*KSEQ_ROW_ARGUMENTS)
 def test_kseq_division_factor_is_the_smallest_valid_factor_at_vocabulary_scale(seed, concentration, n, shape):
     """The bucketed search (ratios binned on [1, n], the last halvings on one bucket's tokens) returns a valid
-    factor that a 1e-9 smaller one is not, and the numpy twin's bisection to 1e-6, on rows of 4,000 tokens:
-    Dirichlet pairs, pairs with many ratios exactly on the bucket edges, and pairs with zeros in q and p."""
-    rng = np.random.default_rng(seed)
-    vocab = 4000
-    q = rng.dirichlet(np.full(vocab, concentration))
-    p = rng.dirichlet(np.full(vocab, concentration))
-    if shape == "edges":  # a third of the tokens at ratios 1 + (n - 1) k / 1024 exactly
-        k = rng.integers(0, verification.KSEQ_BUCKETS + 1, vocab // 3)
-        p[: vocab // 3] = q[: vocab // 3] * (1.0 + (n - 1.0) / verification.KSEQ_BUCKETS * k)
-    elif shape == "sparse":
-        q[rng.random(vocab) < 0.2] = 0.0
-        p[rng.random(vocab) < 0.2] = 0.0
-    p, q = p / p.sum(), q / q.sum()
+    factor that a 1e-9 smaller one is not, and the numpy twin's to 1e-6, on rows of 4,000 tokens
+    (:func:`tests.kseq_rows.kseq_row`: ratios on the bucket edges, zeros in p and q)."""
+    p, q = kseq_row(seed, concentration, n, shape, 4000)
     rho = float(verification._kseq_division_factor(torch.from_numpy(p), torch.from_numpy(q), n))
     assert 1.0 <= rho <= n
     beta = kseq_beta(p, q, rho)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import theory
+from tests.kseq_rows import KSEQ_ROW_ARGUMENTS, kseq_row
 from theory import check_lossless, strategies, verifier
 from theory.draft_laws import enumerate_drafts
 from theory.verifiers import VERIFIERS, RecursiveRejectionSampling, Verifier
@@ -192,6 +193,38 @@ def test_kseq_division_factor_is_the_smallest_valid_factor(pair, n):
     assert slack(rho) >= -1e-12
     if rho > 1.0 + 1e-6:
         assert slack(rho - 1e-6) < 0
+
+
+def bisected_division_factor(p: np.ndarray, q: np.ndarray, n: int, steps: int = 80) -> float:
+    """The oracle: plain bisection of [1, n] on the full sums, keeping the valid end."""
+
+    def valid(rho):
+        beta = np.sum(np.minimum(p / rho, q))
+        return 1.0 - (1.0 - beta) ** n <= rho * beta + 1e-13
+
+    low, high = 1.0, float(n)
+    if valid(low):
+        return 1.0
+    for _ in range(steps):
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if valid(middle) else (middle, high)
+    return high
+
+
+@given(*KSEQ_ROW_ARGUMENTS)
+def test_kseq_division_factor_matches_plain_bisection_at_vocabulary_scale(seed, concentration, n, shape):
+    """The bucketed search (ratios binned on [1, n], the last halvings inside one bucket) against plain
+    bisection on rows of 3,000 tokens (:func:`tests.kseq_rows.kseq_row`). A batch solves each row as it is
+    solved alone."""
+    p, q = kseq_row(seed, concentration, n, shape, 3000)
+    kseq = verifier("kseq")
+    rho = float(kseq.division_factor(p, q, n))
+    expected = bisected_division_factor(p, q, n)
+    assert rho == pytest.approx(expected, rel=1e-9)
+    acceptance = 1.0 - (1.0 - np.sum(np.minimum(p / rho, q))) ** n
+    assert acceptance == pytest.approx(1.0 - (1.0 - np.sum(np.minimum(p / expected, q))) ** n, abs=1e-12)
+    batch = kseq.division_factor(np.stack([q, p]), np.stack([p, q]), n)
+    assert batch[0] == float(kseq.division_factor(q, p, n)) and batch[1] == rho
 
 
 # ---------------------------------------------------------------------------------------------------------
