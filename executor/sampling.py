@@ -182,6 +182,26 @@ def _draw(weights: torch.Tensor, generator: torch.Generator, count: int | None =
     return tokens.squeeze(-1) if count is None else tokens
 
 
+def _draw_without_replacement(q: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Successive sampling of ``n`` distinct tokens per row of ``q`` (``(..., V)``, at least ``n`` positive
+    entries): each draw is :func:`_draw` on ``q`` with the tokens already drawn set to 0.
+
+    A cumulative sum per draw instead of the Gumbel-top-n trick's V uniforms and two logarithms:
+    ``sample_drafts`` took 0.3-0.5 against 1.6-1.7 ms a row at V = 49,152 on a 2-core Xeon (n = 2, 4), paid
+    at every node of a sampled tree. One cumulative sum for all draws, carrying each point past the drawn
+    tokens' intervals, was faster still but cannot reach a token whose mass is below the rounding of the
+    others' sum (q = (1, 1e-100): the second draw must be token 1, which that sum does not resolve).
+    """
+    weights = q.to(torch.float64, copy=True)  # zeroed in place below
+    drawn = []
+    for j in range(n):
+        token = _draw(weights, generator)
+        drawn.append(token)
+        if j + 1 < n:
+            weights.scatter_(-1, token.unsqueeze(-1), 0.0)
+    return torch.stack(drawn, dim=-1)
+
+
 def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest entries along the last axis, largest first, ties to the lower index.
 
@@ -210,10 +230,9 @@ def sample_drafts(q: torch.Tensor, n: int, draft: str, generator: torch.Generato
     ``"iid"``
         with replacement, :math:`P(\\bar x) = \\prod_j q(x_j)`.
     ``"wor"``
-        without replacement (successive sampling), by the Gumbel-top-n trick: the ``n`` largest
-        ``log q + G`` with i.i.d. standard Gumbel ``G``, **in decreasing score order**, which is the draw
-        order of successive sampling, :math:`P(\\bar x) = \\prod_j q(x_j) / (1 - \\sum_{l<j} q(x_l))`.
-        Verify them in that order (:func:`executor.verification.verify_multidraft` with ``"rrs_wor"``).
+        without replacement (successive sampling), :math:`P(\\bar x) = \\prod_j q(x_j) / (1 - \\sum_{l<j}
+        q(x_l))`, in draw order (:func:`_draw_without_replacement`). Verify them in that order
+        (:func:`executor.verification.verify_multidraft` with ``"rrs_wor"``).
     ``"greedy"``
         the top ``n - 1`` tokens of ``q`` (largest first, ties to the lower id) and one draw from ``q``
         restricted to the other tokens.
@@ -246,10 +265,7 @@ def sample_drafts(q: torch.Tensor, n: int, draft: str, generator: torch.Generato
     if draft == "iid":
         return _draw(q, generator, n)
     if draft == "wor":
-        uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
-        scores = torch.log(q) + gumbel  # log 0 = -inf: tokens outside the support come last
-        return torch.topk(scores, n, dim=-1, sorted=True).indices
+        return _draw_without_replacement(q, n, generator)
     if draft == "greedy":
         top = top_tokens(q, n - 1)
         rest = q.scatter(-1, top, 0.0)

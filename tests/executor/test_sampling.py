@@ -228,6 +228,27 @@ def test_sample_drafts_negative_control_iid_is_not_wor():
 
 
 @given(
+    st.lists(
+        st.sampled_from([0.0, 1e-300, 1e-200, 1e-17, 1e-9, 0.1, 0.5, 1.0, 3.0]), min_size=2, max_size=12
+    ).filter(lambda w: sum(1 for x in w if x > 0) >= 1),
+    st.integers(0, 2**32 - 1),
+)
+def test_wor_drafts_are_distinct_tokens_of_the_support(weights, seed):
+    """Successive sampling never repeats a token nor draws one with q = 0, down to masses of 1e-300 next to
+    masses of order 1 (where a carried point lands an ulp from an interval's end), and with n the whole
+    support every positive token comes out once."""
+    q = torch.tensor(weights, dtype=torch.float64)
+    q = q / q.sum()
+    support = int((q > 0).sum())
+    for n in sorted({1, (support + 1) // 2, support}):
+        drafts = sample_drafts(q.expand(64, -1), n, "wor", torch.Generator().manual_seed(seed))
+        for row in drafts.tolist():
+            assert len(set(row)) == n and all(q[token] > 0 for token in row)
+            if n == support:
+                assert sorted(row) == torch.nonzero(q > 0).reshape(-1).tolist()
+
+
+@given(
     st.lists(st.integers(0, 3), min_size=2, max_size=9).filter(lambda w: sum(w) > 0),
     st.integers(1, 9),
 )
