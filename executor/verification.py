@@ -236,7 +236,7 @@ def _kseq_division_factor(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Ten
     :math:`\\rho`, so the smallest valid factor is found by bisection (SpecTr, Sun et al., NeurIPS 2023,
     arXiv 2310.15141), to the same resolution as the twin's :data:`KSEQ_BISECTION_STEPS` halvings.
 
-    Where it is: :math:`\\beta(\\rho) = \\rho^{-1} \\sum_{p/q \\le \\rho} p + \\sum_{p/q > \\rho} q`, so one
+    How it is found: :math:`\\beta(\\rho) = \\rho^{-1} \\sum_{p/q \\le \\rho} p + \\sum_{p/q > \\rho} q`, so one
     pass bins the tokens by ratio into :data:`KSEQ_BUCKETS` equal buckets of ``[1, n]`` and cumulative sums
     give :math:`\\beta` at every bucket edge; the first valid edge brackets :math:`\\rho^*`, and the
     remaining halvings run on the tokens of that bucket alone (:func:`_kseq_bracket`). Eighty passes over
