@@ -8,7 +8,7 @@ The planner maximises tokens per second over the sizes where ``target_time`` is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -104,10 +104,27 @@ class TreePlan:
         return self.step_time / self.expected_tokens
 
 
+def _level_times(draft_time) -> tuple[float, ...]:
+    """``draft_time`` as per-level pass seconds (a number is every level's), checked."""
+    if isinstance(draft_time, Real) and not isinstance(draft_time, bool):
+        return (as_nonnegative(draft_time, "draft_time"),)
+    if isinstance(draft_time, (str, bytes)) or not isinstance(draft_time, Sequence) or not draft_time:
+        raise ValueError(
+            f"draft_time must be a number or a non-empty sequence of numbers, got {draft_time!r}"
+        )
+    return tuple(as_nonnegative(t, f"draft_time[{k}]") for k, t in enumerate(draft_time))
+
+
+def _drafting(level_times: tuple[float, ...], passes: int) -> float:
+    """Seconds of a step's first ``passes`` draft passes (the last level's time repeated beyond the table)."""
+    known = level_times[:passes]
+    return float(sum(known) + (passes - len(known)) * level_times[-1])
+
+
 def plan_tree(
     acc,
     target_time: Mapping[int, float] | Callable[[int], float],
-    draft_time: float,
+    draft_time: float | Sequence[float],
     *,
     max_budget: int,
     max_depth: int,
@@ -116,7 +133,7 @@ def plan_tree(
 ) -> TreePlan:
     """Choose the tree size ``n`` and depth ``d`` that maximise tokens per second (Sequoia §4.1).
 
-    .. math:: \\mathrm{Speedup}(n, d) = \\frac{t(1)\\, G(n, d)}{t(n) + d\\, t_{draft}}
+    .. math:: \\mathrm{Speedup}(n, d) = \\frac{t(1)\\, G(n, d)}{t(n) + \\sum_{k < d} t_{draft}(k)}
 
     where ``G(n, d)`` is :func:`~theory.trees.optimal_tree`'s value with ``n`` nodes and depth at most ``d``
     (Chen et al., Sequoia, NeurIPS 2024, arXiv 2402.12374, §4.1; the paper divides by ``t(1)`` so that
@@ -136,8 +153,10 @@ def plan_tree(
     target_time : mapping or callable
         Seconds to verify ``n`` tokens: a table ``{n: seconds}`` (the candidate sizes; it must contain 1) or a
         callable evaluated on ``1 .. max_budget`` (measured by the executor).
-    draft_time : float
-        Seconds per draft forward pass (one per drafted level).
+    draft_time : float or sequence of float
+        Seconds per draft forward pass (one per drafted level), or the seconds of each level's pass in turn,
+        the last repeated beyond the sequence (a drafter's first pass of a step also reads the tokens the
+        last step committed, and can cost more than the later ones: ``specbound validate`` measures them).
     max_budget, max_depth : int
         Largest tree size (root included) and largest number of drafted levels considered.
     max_width : int, optional
@@ -151,7 +170,7 @@ def plan_tree(
     per_depth = np.ndim(acc) == 2
     max_budget = as_count(max_budget, "max_budget")
     max_depth = as_count(max_depth, "max_depth", minimum=0)
-    draft_time = as_nonnegative(draft_time, "draft_time")
+    level_times = _level_times(draft_time)
     convention = as_choice(convention, "convention", TREE_COST_CONVENTIONS)
     times = as_time_table(target_time, "target_time", max_size=max_budget)
     if per_depth and max_depth > matrix.shape[0]:
@@ -177,7 +196,7 @@ def plan_tree(
             if not value > previous:  # infeasible, or the optimal tree is shallower than d
                 continue
             previous = value
-            step_time = verify_time + (d + extra_passes) * draft_time
+            step_time = verify_time + _drafting(level_times, d + extra_passes)
             speedup = np.inf if step_time == 0 else baseline * value / step_time
             candidates.append(PlanCandidate(n, d, value, step_time, speedup))
     best = max(candidate.speedup for candidate in candidates)

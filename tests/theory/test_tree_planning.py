@@ -232,6 +232,40 @@ def test_plan_tree_with_a_depth_independent_table_plans_like_the_vector(acc, max
     assert by_table.expected_tokens == pytest.approx(by_vector.expected_tokens, rel=1e-12)
 
 
+@given(
+    acceptance_vectors(max_width=3),
+    st.integers(1, 10),
+    st.integers(0, 4),
+    st.lists(st.floats(0, 1), min_size=1, max_size=4),
+)
+def test_plan_tree_charges_each_levels_own_draft_pass(acc, max_budget, max_depth, level_times):
+    """With per-level pass times a depth-d plan pays the first d of them (the last repeated), and a single
+    time plans as the number does."""
+    plan = plan_tree(acc, lambda n: 1.0 + 0.1 * n, level_times, max_budget=max_budget, max_depth=max_depth)
+    padded = level_times + [level_times[-1]] * max_depth
+    for candidate in plan.alternatives:
+        drafting = sum(padded[: candidate.depth])
+        assert candidate.step_time == pytest.approx(
+            1.0 + 0.1 * candidate.size + drafting, rel=1e-12, abs=1e-15
+        )
+    alone = plan_tree(
+        acc, lambda n: 1.0 + 0.1 * n, level_times[:1], max_budget=max_budget, max_depth=max_depth
+    )
+    number = plan_tree(
+        acc, lambda n: 1.0 + 0.1 * n, level_times[0], max_budget=max_budget, max_depth=max_depth
+    )
+    assert alone.tree.parents.tolist() == number.tree.parents.tolist() and alone.speedup == number.speedup
+
+
+def test_a_dear_first_pass_and_cheap_later_ones_favour_deeper_trees():
+    # A first pass dearer than the flat cost and later ones far cheaper (0.05 against 0.2): every level past
+    # the first costs less, so the plan goes deeper.
+    acc = [0.7, 0.1]
+    flat = plan_tree(acc, lambda n: 1.0 + 0.02 * n, 0.2, max_budget=12, max_depth=6)
+    front = plan_tree(acc, lambda n: 1.0 + 0.02 * n, [0.6, 0.05], max_budget=12, max_depth=6)
+    assert front.tree.depth > flat.tree.depth
+
+
 def test_conventions_differ_by_one_draft_pass():
     drafted = plan_tree([0.6, 0.2], {1: 1.0, 8: 1.2}, 0.1, max_budget=8, max_depth=4)
     repo = plan_tree([0.6, 0.2], {1: 1.0, 8: 1.2}, 0.1, max_budget=8, max_depth=4, convention="sequoia-repo")
@@ -250,6 +284,9 @@ def test_free_verification_and_drafting_picks_the_largest_tree():
     "kwargs, message",
     [
         ({"draft_time": -0.1}, "draft_time"),
+        ({"draft_time": []}, "non-empty sequence"),
+        ({"draft_time": [0.1, -0.2]}, "draft_time\\[1\\]"),
+        ({"draft_time": "0.1"}, "draft_time must be a number"),
         ({"target_time": {2: 1.0}}, "1 token"),
         ({"target_time": {1: -1.0}}, "target_time\\[1\\]"),
         ({"target_time": {1: 0.0}}, "positive"),
