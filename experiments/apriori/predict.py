@@ -13,7 +13,7 @@ a step, measured in the calibration chains: :meth:`~experiments.apriori.calibrat
 The tokens per step ``τ``:
 
 * **chain** of ``γ`` drafts: :func:`theory.expected_tokens` of the positional acceptance; the *optimal* chain
-  uses :func:`theory.optimal_draft_length` with ``c = t_d / t(1)``;
+  is :func:`theory.plan_tree`'s best chain (width 1) for the measured ``t(n)`` and draft passes;
 * **multi-draft** (verifier, ``n``): ``1 + α`` with ``α`` the calibrated root acceptance of that verifier;
 * **static tree**: :func:`theory.tree_expected_tokens` with the per-depth rank matrix; the tree is
   :func:`theory.plan_tree`'s for the measured latencies (and, for the budget sweep, the planner's best tree
@@ -147,7 +147,9 @@ def stop_rules(cal: Calibration, horizon: int) -> dict[str, float]:
     import theory
 
     model = bucket_model(cal, horizon)
-    costs = theory.LengthCosts(draft_time=cal.latency.draft_time, target_time=cal.latency.target_time[1])
+    # The policy prices every drafted token alike: the mean of the draft passes the predictions charge.
+    draft_time = cal.latency.drafting(horizon) / horizon
+    costs = theory.LengthCosts(draft_time=draft_time, target_time=cal.latency.target_time[1])
     policy = theory.optimal_length_policy(model, costs)
     h = policy.rejection_threshold if policy.rejection_threshold is not None else policy.threshold
     b = cal.buckets
@@ -421,9 +423,18 @@ def plan_configurations(
     width = tree_width(cal.temperature)
     matrix = _matrix(cal)
     c = cal.cost_ratio
-    gamma_star = theory.optimal_draft_length(np.asarray(cal.positional), c, max_gamma=depth)
+    # The draft passes as the predictions charge them (the calibration chains' own, else the profile's).
+    passes = cal.latency.pass_times or cal.latency.draft_time
+    table = {n: cal.latency.t(n) for n in range(1, max(max_budget, depth + 1) + 1)}  # interpolated between
+    # gamma*: the best chain (a tree of width 1) for the measured t(n) and draft passes; Leviathan's gamma*
+    # (one cost ratio c, t(n) flat) is kept in the planning record for comparison.
+    chain = theory.plan_tree(
+        np.asarray(cal.positional)[:, None], table, passes, max_budget=depth + 1, max_depth=depth, max_width=1
+    )
+    gamma_star = chain.tree.depth
+    leviathan = theory.optimal_draft_length(np.asarray(cal.positional), c, max_gamma=depth)
     configs = [DecoderConfig("ar", "ar")]
-    note = f"theory's optimal γ* = {gamma_star} for c = {c:.3f}" + (
+    note = f"plan_tree's best chain: γ* = {gamma_star} for the measured t(n) and draft passes" + (
         "; run at γ = 1" if gamma_star == 0 else ""
     )
     configs.append(DecoderConfig("chain-opt", "chain", gamma=max(gamma_star, 1), note=note))
@@ -431,10 +442,7 @@ def plan_configurations(
     for name, n in multidraft:
         configs.append(DecoderConfig(f"{name}-n{n}", "multidraft", verifier=name, n=n))
 
-    table = {n: cal.latency.t(n) for n in range(1, max_budget + 1)}  # measured sizes, interpolated between
-    plan = theory.plan_tree(
-        matrix, table, cal.latency.draft_time, max_budget=max_budget, max_depth=depth, max_width=width
-    )
+    plan = theory.plan_tree(matrix, table, passes, max_budget=max_budget, max_depth=depth, max_width=width)
     drafting = [a for a in plan.alternatives if a.depth >= 1]
     chosen = plan if plan.depth >= 1 else drafting[0]
     plan_tree = plan.tree if plan.depth >= 1 else _sequoia_tree(matrix, chosen.size, chosen.depth, width)
@@ -486,6 +494,7 @@ def plan_configurations(
         )
     planning = {
         "gamma_star": gamma_star,
+        "gamma_star_leviathan": leviathan,
         "cost_ratio": c,
         "planner_curve": {str(n): s for n, s in sorted(curve.items())},
         "plan": {"size": plan.size, "depth": plan.depth, "speedup": plan.speedup},

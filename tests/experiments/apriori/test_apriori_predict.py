@@ -146,25 +146,33 @@ def test_stop_thresholds_come_from_the_optimal_policy():
     assert thresholds["kangaroo"] in (0.3, 0.9, 1.0)
 
 
-def test_plan_configurations_use_the_planner_and_the_optimal_length():
+@pytest.mark.parametrize("pass_times", [None, [0.6, 0.01]])
+def test_plan_configurations_plan_with_the_draft_passes_the_predictions_charge(pass_times):
+    """chain-opt is plan_tree's best chain (width 1) and tree-plan its best tree, both on the measured t(n) and
+    the calibration chains' draft passes when there are (the profile's draft pass otherwise)."""
     cal = calibration()
+    cal.latency = replace(LATENCY, pass_times=pass_times)
     configs, planning = plan_configurations(cal, multidraft=(("rrs", 2),), budgets=(4,), max_budget=8)
     labels = [c.label for c in configs]
     assert labels[0] == "ar" and "chain-opt" in labels and "tree-plan" in labels and "tree-dyspec" in labels
-    gamma_star = theory.optimal_draft_length(np.array(cal.positional), cal.cost_ratio, max_gamma=4)
-    assert next(c for c in configs if c.label == "chain-opt").gamma == max(gamma_star, 1)
-    plan = theory.plan_tree(
-        np.array(cal.rank_matrix),
-        {n: LATENCY.target_time[n] for n in range(1, 9)},
-        0.2,
-        max_budget=8,
-        max_depth=4,
-        max_width=2,
+    draft = pass_times or 0.2
+    table = {n: LATENCY.target_time[n] for n in range(1, 9)}
+    chain = theory.plan_tree(
+        np.array(cal.positional)[:, None], table, draft, max_budget=5, max_depth=4, max_width=1
     )
+    assert next(c for c in configs if c.label == "chain-opt").gamma == max(chain.tree.depth, 1)
+    assert planning["gamma_star"] == chain.tree.depth
+    leviathan = theory.optimal_draft_length(np.array(cal.positional), cal.cost_ratio, max_gamma=4)
+    assert planning["gamma_star_leviathan"] == leviathan
+    plan = theory.plan_tree(np.array(cal.rank_matrix), table, draft, max_budget=8, max_depth=4, max_width=2)
     tree = next(c for c in configs if c.label == "tree-plan")
     assert list(tree.parents) == list(plan.tree.parents)
     assert predict(tree, cal).tau == pytest.approx(plan.expected_tokens)
     assert planning["planner_curve"][str(plan.size)] == pytest.approx(plan.speedup)
+    if pass_times:  # a dear first pass and nearly free later ones: the plans go deeper than at 0.2 a level
+        flat, _ = plan_configurations(calibration(), multidraft=(("rrs", 2),), budgets=(4,), max_budget=8)
+        gamma = {c.label: c.gamma for c in flat}["chain-opt"]
+        assert next(c for c in configs if c.label == "chain-opt").gamma > gamma
 
 
 def test_unknown_kind_is_refused():
