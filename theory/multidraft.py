@@ -381,6 +381,14 @@ def _wor_inclusion(target_mass: np.ndarray, q_sorted: np.ndarray, n: int, dust=N
         room = mass - drawn_mass
         with np.errstate(invalid="ignore", divide="ignore"):
             lower *= np.where(room > 0, 1.0 - suffix / (suffix + room), 0.0)
+    if dust is None:
+        # Fewer than n tokens (every token of q > 0 comes before every q = 0 one; dust would supply more):
+        # Q is exactly 0. Set here rather than trusting the bounds, which can round to the other end: with
+        # q = (1e-18, a, b, c) and n = 4 the prefix {a, b, c} has x = 1 - 1e-18 = 1.0 and T_3 = a + b + c an
+        # ulp below 1, so its "room" after three draws was 1.1e-16 and its bounds [0.991, 1]; their best
+        # upper bound then ruled out the true minimiser, the whole support (alpha* 0.997 reported as 1).
+        upper[:, :n] = 0.0
+        lower[:, :n] = 0.0
     best_upper = (target_mass - lower).min(axis=-1, keepdims=True)
     candidates = target_mass - upper <= best_upper + 1e-10  # slack for round-off in the bounds
     # The quadrature's grid cannot reach 1/s for a complement below SMALLEST_COMPLEMENT (it would lose up to

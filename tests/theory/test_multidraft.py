@@ -326,6 +326,19 @@ def test_certificate_of_a_large_law_has_no_coupling_and_rejects_batches():
 # Hand-computed values
 
 
+def test_without_replacement_n_drafts_on_an_n_token_support_with_a_tiny_token():
+    # q has exactly n = 4 tokens, one of mass 1e-18: every draft tuple is the whole support, so alpha* is
+    # p(support). The three heavier tokens' prefix has x = 1 - 1e-18 = 1.0 in float64 while their own sum
+    # rounds an ulp below 1: its inclusion bounds came out [0.991, 1] instead of 0 and pruned the true
+    # minimiser, and alpha* was reported as 1 (found by the CI's hypothesis run of the optimal verifier).
+    p = np.array([9.97011952e-01, 9.96015936e-04, 0, 0, 9.96015936e-04, 9.96015936e-04, 0])
+    p /= p.sum()
+    q = np.array([1e-18, 0.0, 0.37416094895688495, 0.1925800303480084, 0.0, 0.0, 0.4332590206951066])
+    support = p[q > 0].sum()
+    assert optimal_acceptance(p, q, 4, draft="wor") == pytest.approx(support, abs=1e-12)
+    assert optimal_acceptance(p, q, 4, draft="wor", method="enumerate") == pytest.approx(support, abs=1e-12)
+
+
 def test_khisti_toy_uniform_draft_on_three_tokens_by_hand():
     # Khisti et al. (ICLR 2025) Fig. 2 set-up: q uniform on 3 tokens, n = 2 i.i.d. drafts, so
     # Q(H) = (|H|/3)^2. With p = (1/20, 9/20, 1/2) the worst set is {0}: 1/20 - 1/9 < 0, while every
