@@ -41,12 +41,7 @@ import torch
 from executor.optimal_verification import verify_optimal
 from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
 from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
-from theory.verifiers.iid import KSEQ_BUCKETS  # the twins bin the ratios alike
-
-#: Bisection steps for K-SEQ's rho* on [1, n]: halves the interval below float64 resolution, as its twin
-#: ``theory.verifier("kseq").division_factor`` does.
-KSEQ_BISECTION_STEPS = 80
-
+from theory.verifiers.iid import KSEQ_BISECTION_STEPS, KSEQ_BUCKETS  # the twins search alike
 
 # --------------------------------------------------------------------------------------------------------
 # Shared pieces

@@ -35,11 +35,10 @@ from theory.truncated import (
     truncated_interval,
 )
 from theory.verifiers import verifier
+from theory.verifiers.iid import KSEQ_BISECTION_STEPS
 
 __all__ = ["verifier_acceptance_interval"]
 
-#: Bisection steps for K-SEQ's division factor on ``[1, n]`` (as in :class:`theory.verifiers.iid.KSequential`).
-KSEQ_BISECTION_STEPS = 80
 #: K-SEQ's validity tolerance, the same as the dense verifier's (so the pessimistic value matches it exactly).
 KSEQ_TOLERANCE = 1e-13
 #: Logged draft tokens whose without-replacement gain enters the rrs_wor low (:func:`_rrs_wor_low`); any subset

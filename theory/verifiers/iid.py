@@ -109,8 +109,10 @@ class RecursiveRejectionSampling(Verifier):
         return _draw(p_i, rng)
 
 
-#: Buckets of the ratio p/q on [1, n] that place K-SEQ's rho* before its last halvings (the executor's twin
-#: uses the same).
+#: Halvings of [1, n] whose resolution K-SEQ's rho* is found to (below float64's), and the buckets of the ratio
+#: p/q on [1, n] that place it before the last of them; the executor's twin and the truncated-log bounds use
+#: the same.
+KSEQ_BISECTION_STEPS = 80
 KSEQ_BUCKETS = 1024
 
 
@@ -129,7 +131,6 @@ class KSequential(Verifier):
     """
 
     name = "kseq"
-    _BISECTION_STEPS = 80  # halves [1, n] below float64 resolution
 
     def __init__(self):
         self._last_factor: tuple[bytes, float] | None = None  # repeated .sample calls on one pair
@@ -144,7 +145,7 @@ class KSequential(Verifier):
         return _scalar_or_array(self._division_factor(p, q, as_count(n, "n")))
 
     def _division_factor(self, p, q, n):
-        """Smallest valid factor per row, to the resolution of ``_BISECTION_STEPS`` halvings of ``[1, n]``.
+        """Smallest valid factor per row, to the resolution of :data:`KSEQ_BISECTION_STEPS` halvings of ``[1, n]``.
 
         :math:`\\beta(\\rho) = \\rho^{-1} \\sum_{p/q \\le \\rho} p + \\sum_{p/q > \\rho} q`: one pass bins the
         ratios into :data:`KSEQ_BUCKETS` equal buckets of ``[1, n]``, cumulative sums give :math:`\\beta` at
@@ -186,7 +187,7 @@ class KSequential(Verifier):
             inside = bucket[row] == j
             low, high = edges[j - 1], edges[j]
             inner_p, inner_q = p[row, inside], q[row, inside]
-            remaining = self._BISECTION_STEPS - int(np.log2(KSEQ_BUCKETS))
+            remaining = KSEQ_BISECTION_STEPS - int(np.log2(KSEQ_BUCKETS))
             while remaining > 0:
                 bits = min(10, remaining)
                 remaining -= bits
