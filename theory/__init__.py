@@ -49,7 +49,7 @@ from theory.optimal_verifier import OptimalVerifier, optimal_verifier
 from theory.optimal_verifier_wor import optimal_verifier_wor
 from theory.staged import StagedStep, expected_rounds, staged_step
 from theory.tree_growth import DySpecTree, dynamic_tree, greedy_tree
-from theory.tree_planning import PlanCandidate, TreePlan, plan_tree
+from theory.tree_planning import PlanCandidate, TreePlan, drafting_seconds, plan_tree
 from theory.trees import (
     Tree,
     TreeSolution,
@@ -113,6 +113,7 @@ __all__ = [
     "optimal_verifier_wor",
     "OptimalVerifier",
     "plan_tree",
+    "drafting_seconds",
     "PlanCandidate",
     "PositionalAcceptance",
     "rank_rules",

@@ -17,7 +17,14 @@ import numpy as np
 from theory.checks import as_choice, as_count, as_nonnegative
 from theory.trees import Tree, _sequoia_table, as_acceptance
 
-__all__ = ["TreePlan", "PlanCandidate", "plan_tree", "as_time_table", "TREE_COST_CONVENTIONS"]
+__all__ = [
+    "TreePlan",
+    "PlanCandidate",
+    "plan_tree",
+    "drafting_seconds",
+    "as_time_table",
+    "TREE_COST_CONVENTIONS",
+]
 
 #: How many draft passes a tree of ``d`` drafted levels is charged.
 #: ``"drafted-levels"`` (default): ``d`` passes, one per drafted level (the root's distribution comes from the
@@ -116,9 +123,17 @@ def _level_times(draft_time) -> tuple[float, ...]:
 
 
 def _drafting(level_times: tuple[float, ...], passes: int) -> float:
-    """Seconds of a step's first ``passes`` draft passes (the last level's time repeated beyond the table)."""
-    known = level_times[:passes]
-    return float(sum(known) + (passes - len(known)) * level_times[-1])
+    """Seconds of a step's first ``passes`` draft passes (the last level's time repeated beyond the table),
+    written as ``passes * last + sum(t_k - last)`` so that one time gives exactly ``passes * t``."""
+    last = level_times[-1]
+    return float(passes * last + sum(t - last for t in level_times[:passes]))
+
+
+def drafting_seconds(draft_time: float | Sequence[float], passes: int) -> float:
+    """Seconds of a step's first ``passes`` draft passes, as :func:`plan_tree` charges them: ``passes *
+    draft_time`` for a number, the sum of the first ``passes`` entries of a sequence (its last entry repeated
+    beyond it) otherwise."""
+    return _drafting(_level_times(draft_time), as_count(passes, "passes", minimum=0))
 
 
 def plan_tree(

@@ -226,13 +226,10 @@ class LatencyProfile:
 
     def drafting(self, passes: int) -> float:
         """Seconds of a step's first ``passes`` draft passes (``pass_times``, its last entry repeated beyond
-        its length; ``passes * draft_time`` without them)."""
-        if passes <= 0:
-            return 0.0
-        if self.pass_times is None:
-            return passes * self.draft_time
-        known = self.pass_times[:passes]
-        return float(sum(known) + (passes - len(known)) * self.pass_times[-1])
+        its length; ``passes * draft_time`` without them), as :func:`theory.plan_tree` charges them."""
+        from theory import drafting_seconds
+
+        return drafting_seconds(self.draft_time if self.pass_times is None else self.pass_times, passes)
 
     def t(self, n: float) -> float:
         """``target_time`` at ``n`` tokens, linear between measured sizes and beyond the largest one."""

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from experiments.examples import sequoia_demo_acceptance
 from theory import (
     Tree,
+    drafting_seconds,
     optimal_tree,
     plan_tree,
     tree_expected_tokens,
@@ -255,6 +256,15 @@ def test_plan_tree_charges_each_levels_own_draft_pass(acc, max_budget, max_depth
         acc, lambda n: 1.0 + 0.1 * n, level_times[0], max_budget=max_budget, max_depth=max_depth
     )
     assert alone.tree.parents.tolist() == number.tree.parents.tolist() and alone.speedup == number.speedup
+
+
+def test_drafting_seconds_sums_the_first_passes():
+    assert drafting_seconds(0.7, 3) == 3 * 0.7  # a number: exactly passes * time, as before sequences
+    assert drafting_seconds([0.3, 0.1], 0) == 0.0
+    assert drafting_seconds([0.3, 0.1], 1) == pytest.approx(0.3)
+    assert drafting_seconds([0.3, 0.1], 4) == pytest.approx(0.3 + 3 * 0.1)  # the last level repeats
+    with pytest.raises(ValueError, match="passes"):
+        drafting_seconds(0.1, -1)
 
 
 def test_a_dear_first_pass_and_cheap_later_ones_favour_deeper_trees():
