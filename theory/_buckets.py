@@ -15,11 +15,13 @@ vocabulary is not needed to place them. This module:
    in ``x``); coarse buckets (:data:`COARSE_BITS`) that fail the test below are split into fine ones
    (:data:`FINE_BITS`) and the test is rerun;
 3. keeps as single tokens the heavy ones (``max(p, q) >=`` ``group_below``) and every token of a bucket that
-   could hold a nearly tight prefix or where grouping could cost acceptance: a bucket is grouped only when
-   :math:`LB_b - G_{min} > \mathrm{TIGHT} + \sum \delta_c p_c` over the grouped buckets ``c`` between it and
-   the minimiser, with :math:`G_{min}` the smallest gap at a bucket boundary and :math:`\delta_c = 2^{-bits}`
-   the largest relative loss of replacing a token's ratio by its bucket's edge; the light tokens of the other
-   buckets form one item per bucket, carrying the bucket's edges as ratio bounds.
+   could hold a nearly tight prefix or where grouping could cost acceptance: a group's tokens take an edge of
+   their bucket as ratio (the lower one above the minimiser, the upper one below), which moves the gap of every
+   prefix through the group, relative to the minimiser, by its *push* :math:`u_c = p_c - e_c q_c` (above) or
+   :math:`e_{c+1} q_c - p_c` (below), so a bucket is grouped only when :math:`LB_b - G_{min} > \mathrm{TIGHT} +
+   \sum u_c` over the grouped buckets ``c`` between it and the minimiser (itself included), with
+   :math:`G_{min}` the smallest gap at a bucket boundary; the light tokens of the other buckets form one item
+   per bucket, carrying the bucket's edges as ratio bounds.
 
 The items come back in ratio order (a group before the heavy singletons of its bucket: no prefix inside a
 grouped bucket is nearly tight, whatever the order there). Only the items are sorted.
@@ -128,10 +130,10 @@ def singletons(ps: np.ndarray, qs: np.ndarray) -> Items:
     return Items(ps[order], qs[order], ratio[order], ratio[order], ones, ones.astype(np.int64), item, ps, qs)
 
 
-def _groupable(bucket_p, bucket_q, edge, width, n: int, tight: float) -> np.ndarray:
-    """Which buckets (in ratio order, masses ``bucket_p``, ``bucket_q``, lower ratio edges ``edge``, relative
-    widths ``width``) may be grouped: no nearly tight prefix inside, and their grouping loss covered by the
-    slack (module docstring)."""
+def _groupable(bucket_p, bucket_q, light_p, light_q, low, high, n: int, tight: float) -> np.ndarray:
+    """Which buckets (in ratio order: masses ``bucket_p``, ``bucket_q``, of which ``light_p``, ``light_q`` are
+    the light tokens a group would hold; ratio edges ``low``, ``high``) may be grouped: no nearly tight prefix
+    inside, and the pushes of the groups covered by the slack (module docstring)."""
     buckets = bucket_p.shape[0]
     head_p = head_sums(bucket_p)
     head_q = np.minimum(head_sums(bucket_q), 1.0)
@@ -143,17 +145,22 @@ def _groupable(bucket_p, bucket_q, edge, width, n: int, tight: float) -> np.ndar
     cut = int(np.argmin(boundary))
     # A prefix ending inside bucket b holds the buckets < b and tokens of b of q-mass x <= q_b and p-mass
     # >= e_b x, so its gap is >= P_{<b} + e_b x - (Q_{<b} + x)^n, concave in x: LB_b is the smaller of the
-    # two ends. Slack: LB_b over the smallest gap at a boundary. Grouping bucket b costs at most
-    # width_b p_b of it on every prefix through b (its tokens get the bucket's edge as ratio): first the
-    # buckets whose own loss fits, then those whose slack also covers the loss of all such buckets between
-    # them and the minimising boundary (a superset of the groups kept, so the bound holds for them).
+    # two ends. Slack: LB_b over the smallest gap at a boundary. A group's tokens get an edge of its bucket as
+    # ratio (the lower above the minimising boundary, the upper below), which moves the gap of every prefix
+    # through the group, relative to the minimising one, by the group's push p - low q or high q - p. First
+    # the buckets whose own push fits, then those whose slack also covers the pushes of all such buckets
+    # between them and the minimising boundary (a superset of the groups kept, so the bound holds for them).
+    below = np.arange(buckets) < cut
     with np.errstate(invalid="ignore", over="ignore"):  # edge = inf on p > 0 = q buckets (none here)
-        inner = np.where(bucket_q > 0, head_p[:-1] + edge * bucket_q - power[1:], head_p[1:] - power[1:])
+        inner = np.where(bucket_q > 0, head_p[:-1] + low * bucket_q - power[1:], head_p[1:] - power[1:])
+        push = np.where(below, high * light_q - light_p, light_p - low * light_q)
     slack = np.minimum(boundary[:-1], inner) - lowest - tight - MARGIN
-    loss = width * bucket_p * (slack > width * bucket_p)
-    total = head_sums(loss)
-    between = np.where(np.arange(buckets) < cut, total[cut] - total[:-1], total[1:] - total[cut])
-    return slack > between
+    # Each push is >= 0 token by token; the difference of sums can round below it by a few ulps of p.
+    push = np.maximum(push, 0.0) + 4e-16 * light_p
+    fits = slack > push  # False on a NaN push
+    total = head_sums(np.where(fits, push, 0.0))
+    between = np.where(below, total[cut] - total[:-1], total[1:] - total[cut])
+    return fits & (slack > between)
 
 
 def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float, absent=None) -> Items:
@@ -214,7 +221,16 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
         np.add.at(bucket_p, position, heavy_p)
         np.add.at(bucket_q, position, heavy_q)
     edges = _edge((nonempty + base) * _SPLIT)
-    nonempty_ok = _groupable(bucket_p, bucket_q, edges, 2.0**-COARSE_BITS, n, tight)
+    nonempty_ok = _groupable(
+        bucket_p,
+        bucket_q,
+        light_p[nonempty],
+        light_q[nonempty],
+        edges,
+        _edge((nonempty + base + 1) * _SPLIT),
+        n,
+        tight,
+    )
     coarse_ok = np.zeros(count.shape[0], dtype=bool)
     coarse_ok[nonempty[nonempty_ok]] = True
     coarse_ok[heavy_key:] = True  # heavy and absent tokens are never split
@@ -250,10 +266,9 @@ def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: 
     slot_p, slot_q = group_p.copy(), group_q.copy()
     np.add.at(slot_p, heavy_slot, heavy_p)
     np.add.at(slot_q, heavy_slot, heavy_q)
-    width = np.where(coarse_slot, 2.0**-COARSE_BITS, 2.0**-FINE_BITS)
     slot_low = _edge(used)
     slot_high = _edge(used + np.where(coarse_slot, _SPLIT, 1))
-    ok = _groupable(slot_p, slot_q, slot_low, width, n, tight)
+    ok = _groupable(slot_p, slot_q, group_p, group_q, slot_low, slot_high, n, tight)
     # Heavy tokens stay single wherever they are; every token of a slot that cannot be grouped is single.
     grouped_count = np.where(ok, light_count, 0)
     single_count = light_count - grouped_count + np.bincount(heavy_slot, minlength=slots)
