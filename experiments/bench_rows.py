@@ -24,9 +24,10 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   up to the largest of ``lookups``, where the context's suffix matches 2 or more tokens, else one draft of
   ``D``: :class:`executor.drafters.LookupFirstDrafter` with the defaults of ``--drafter ngram+D``), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
   ``2 gamma + 1`` nodes, or Falcon's pass-by-pass tree for a ``falcon`` drafter, as
-  :func:`executor.decoders.default_tree` chooses), ``multidraft-V-nN-D`` (``N`` i.i.d. drafts verified by ``V`` = ``rrs``, recursive
-  rejection sampling, or ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025,
-  arXiv 2502.18779; at temperature 0 both are the argmax rule, so one ``multidraft-argmax-nN-D`` row), and
+  :func:`executor.decoders.default_tree` chooses), ``multidraft-V-nN-D`` (``N`` drafts verified by ``V`` = ``rrs``, recursive
+  rejection sampling, ``rrs_wor`` (drafts without replacement), ``kseq`` (SpecTr's K-SEQ), ``spechub`` (at ``N = 2`` only) or
+  ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025, arXiv 2502.18779; at temperature 0 all
+  are the argmax rule, so one ``multidraft-argmax-nN-D`` row), and
   ``plan-tree-D``: the static tree :func:`theory.plan_tree` (Sequoia, Chen et al., NeurIPS 2024,
   arXiv 2402.12374, §4.1) chooses from this run's measured forward costs and the drafter's measured
   acceptance per child rank.
@@ -47,7 +48,9 @@ from experiments.commands import QUANTIZE_CHOICES
 __all__ = ["BenchConfig", "build_runners", "llamacpp_runners", "load_peer", "load_target", "model_drafters"]
 
 DTYPES = ("float32", "bfloat16")
-VERIFIERS = ("rrs", "optimal")
+#: Multi-draft verifiers of the bench rows: i.i.d. drafts (RRS, K-SEQ, the optimal verifier), drafts without
+#: replacement (RRS without replacement) and SpecHub's hub draft law; the multi-draft decoder draws each one's law.
+VERIFIERS = ("rrs", "rrs_wor", "kseq", "spechub", "optimal")
 PEERS = ("transformers", "llamacpp")
 #: llama.cpp weights -> the dtype name of their rows (F32 rows sit next to our float32 ``ar``: ``vs ar``).
 LLAMACPP_DTYPES = {"q4_1": "q4_1", "f32": "float32", "bf16": "bfloat16"}
@@ -68,7 +71,7 @@ class BenchConfig:
     lookups: tuple[int, ...] = (2,)
     drafters: tuple[str, ...] | None = None  # None: early-exit:exit_layer, plus the cached feature head
     ns: tuple[int, ...] = (2, 4)
-    verifiers: tuple[str, ...] = VERIFIERS
+    verifiers: tuple[str, ...] = ("rrs", "optimal")
     plan_budget: int = 16
     plan_depth: int = 6
     plan_width: int = 4
@@ -322,6 +325,8 @@ def _our_rows(config: BenchConfig, model, drafters: dict, planned: dict, tempera
         rows[f"tree-{label}"] = ours(TreeDecoder, drafter, tree=default_tree(drafter, gamma, 2))
         for verifier in ("argmax",) if temperature == 0 else config.verifiers:
             for n in config.ns:
+                if verifier == "spechub" and n != 2:  # SpecHub is defined for two drafts only
+                    continue
                 rows[f"multidraft-{verifier}-n{n}-{label}"] = ours(
                     MultiDraftDecoder, drafter, n=n, verifier="rrs" if verifier == "argmax" else verifier
                 )

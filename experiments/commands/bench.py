@@ -46,7 +46,11 @@ def add_arguments(parser) -> None:
         "early-exit at --exit-layer and the cached trained feature head if there is one",
     )
     parser.add_argument("--ns", default="2,4", help="drafts per step of the multi-draft rows (default 2,4)")
-    parser.add_argument("--verifiers", default="rrs,optimal", help="multi-draft verifiers at T > 0")
+    parser.add_argument(
+        "--verifiers",
+        default="rrs,optimal",
+        help="multi-draft verifiers at T > 0, comma-separated: rrs, rrs_wor, kseq, spechub, optimal (default rrs,optimal)",
+    )
     parser.add_argument("--plan-budget", type=int, default=16, help="largest planned tree (default 16 nodes)")
     parser.add_argument("--plan-depth", type=int, default=6, help="deepest planned tree (default 6)")
     parser.add_argument(

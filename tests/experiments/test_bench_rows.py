@@ -8,7 +8,7 @@ import torch
 from executor.decoders import AutoregressiveDecoder, Sampling
 from experiments import bench_rows
 from experiments.bench import run_bench, summarise
-from experiments.bench_rows import BenchConfig, build_runners
+from experiments.bench_rows import VERIFIERS, BenchConfig, build_runners
 from tests.tiny_models import build_tiny_model
 
 PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8]]
@@ -53,6 +53,20 @@ def test_every_row_is_built_and_greedy_rows_reproduce_plain_decoding():
     by_name = {(r["decoder"], r["temperature"]): r for r in rows}
     assert by_name[("ar", 0.0)]["tau"] == 1.0 and by_name[("ar", 0.0)]["vs_ar"] == 1.0
     assert len(by_name[("chain-early-exit", 0.0)]["acceptance_per_position"]) == 2  # gamma = 2
+
+
+def test_every_multidraft_verifier_gets_its_rows_and_spechub_only_at_two_drafts():
+    model = tiny()
+    config = BenchConfig(
+        dtypes=("float32",), temperatures=(1.0,), verifiers=VERIFIERS, ns=(2, 3), rows=("multidraft-*",)
+    )
+    runners = build_runners(config, {"float32": (model, {"early-exit": "early-exit:1"})}, {}, [])
+    expected = {
+        f"multidraft-{v}-n{n}-early-exit" for v in VERIFIERS for n in (2, 3) if v != "spechub" or n == 2
+    }
+    assert {key.decoder for key in runners} == expected
+    for row in summarise(run_bench(runners, PROMPTS, 6)):
+        assert row["tokens"] == 12 and row["tau"] >= 1.0, row["decoder"]
 
 
 def test_rows_option_selects_rows_by_pattern():
@@ -142,7 +156,7 @@ def test_two_cached_heads_are_labelled_by_their_keys_and_clashing_keys_by_their_
         ({"dtypes": ("float16",)}, "--dtypes"),
         ({"temperatures": (-1.0,)}, "--temperatures"),
         ({"ns": (1,)}, "--ns"),
-        ({"verifiers": ("kseq",)}, "--verifiers"),
+        ({"verifiers": ("magic",)}, "--verifiers"),
         ({"plan_budget": 0}, "--plan-budget"),
         ({"lookups": (0,)}, "--lookups"),
     ],
