@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "bootstrap_ratio",
     "bootstrap_speedup",
+    "chance_within",
     "diagnose",
     "difference_interval",
     "expand",
@@ -37,6 +38,7 @@ __all__ = [
     "position_intervals",
     "ratio_samples",
     "speedup_samples",
+    "unbiased_spread",
     "within_ci",
     "within_floor",
 ]
@@ -93,6 +95,17 @@ def expand(samples, estimate: float, size: int, level: float = LEVEL) -> np.ndar
         return np.full_like(samples, np.nan)
     with np.errstate(invalid="ignore"):
         return estimate + factor * (samples - estimate)
+
+
+def unbiased_spread(samples, estimate: float, size: int) -> np.ndarray:
+    r"""Bootstrap ``samples`` of ``estimate`` (over ``size`` units) with their deviations scaled by
+    :math:`\sqrt{n/(n-1)}` alone: the unbiased variance, with the normal shape (no Student factor). For a
+    central probability such as :func:`chance_within`'s, where :func:`expand`'s factor, fitted to the 95%
+    tails, would overstate the spread near the estimate. ``nan`` samples below 2 units."""
+    samples = np.asarray(samples, dtype=np.float64)
+    if size < 2:
+        return np.full_like(samples, np.nan)
+    return estimate + np.sqrt(size / (size - 1.0)) * (samples - estimate)
 
 
 def interval(samples, level: float = LEVEL) -> list[float]:
@@ -156,6 +169,43 @@ def difference_interval(measured, predicted, *, level: float = LEVEL) -> list[fl
     size = max(measured.size, predicted.size)
     paired = np.resize(measured, size) - np.resize(predicted, size)
     return _interval(paired, level)
+
+
+def chance_within(
+    measured, measured_estimate: float, predicted, predicted_estimate: float, tolerance: float
+) -> float:
+    r"""Chance that an *exact* prediction lands within ``tolerance`` (relative) of the measurement.
+
+    ``measured`` and ``predicted`` are independent bootstrap samples of the two halves' estimates (evaluation
+    and calibration prompts) around ``measured_estimate`` and ``predicted_estimate`` (the report passes them
+    through :func:`unbiased_spread`). Were the model exact,
+    both halves would estimate the same quantity and their ratio would vary only by the halves' sampling:
+
+    .. math:: R = \frac{\text{predicted}^* / \widehat{\text{predicted}}}{\text{measured}^* /
+              \widehat{\text{measured}}}, \qquad \text{chance} = P(|R - 1| \le \text{tolerance}).
+
+    Summed over a report's rows it is the number of "within 10%" verdicts the prompts' sampling allows a
+    perfect predictor, the yardstick for the number observed. Non-finite samples are dropped; ``nan`` when
+    none is left (a half of one prompt has no spread).
+    """
+    measured = np.asarray(measured, dtype=np.float64)
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if measured.ndim != 1 or predicted.ndim != 1 or measured.size == 0 or predicted.size == 0:
+        raise ValueError("measured and predicted must be non-empty 1-D arrays of bootstrap samples")
+    for value, name in ((measured_estimate, "measured_estimate"), (predicted_estimate, "predicted_estimate")):
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not (np.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    size = max(measured.size, predicted.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (np.resize(predicted, size) / predicted_estimate) / (
+            np.resize(measured, size) / measured_estimate
+        )
+    finite = np.isfinite(ratio)
+    if not finite.any():  # no spread to estimate (a half of one prompt)
+        return float("nan")
+    return float(np.mean(np.abs(ratio[finite] - 1.0) <= tolerance))
 
 
 def ratio_samples(numerators, denominators, rng, *, resamples: int = RESAMPLES) -> np.ndarray:

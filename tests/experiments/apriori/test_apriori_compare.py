@@ -9,16 +9,21 @@ interval covers 78.9% (the negative control, threshold < 88%).
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.stats import norm
 
 from experiments.apriori.compare import (
     bootstrap_ratio,
     bootstrap_speedup,
+    chance_within,
     diagnose,
     expand,
     expansion,
     interval,
     position_intervals,
     ratio_samples,
+    unbiased_spread,
     within_ci,
     within_floor,
 )
@@ -155,3 +160,64 @@ def test_expanded_interval_covers_at_its_level_over_four_heterogeneous_prompts()
     assert 0.90 <= expanded / runs <= 0.99
     assert plain / runs < 0.88
     assert wrong / runs < 0.10
+
+
+def test_chance_within_counts_the_centred_ratios_inside_the_tolerance():
+    """Exact on five samples: the prediction is a point, the measurement's samples are 0.85, 0.95, 1, 1.05 and
+    1.2 times its estimate; the ratios 1/0.95, 1 and 1/1.05 are within 10%, 1/0.85 and 1/1.2 are not."""
+    measured = 2.0 * np.array([0.85, 0.95, 1.0, 1.05, 1.2])
+    assert chance_within(measured, 2.0, [1.3], 1.3, 0.10) == pytest.approx(0.6)
+    assert chance_within([2.0], 2.0, [1.3], 1.3, 0.0) == 1.0  # no spread: an exact prediction always lands
+    assert np.isnan(chance_within([np.nan, np.nan], 2.0, [1.3], 1.3, 0.1))  # a half of one prompt: undefined
+
+
+@given(
+    st.lists(st.floats(0.5, 2.0), min_size=1, max_size=40),
+    st.lists(st.floats(0.5, 2.0), min_size=1, max_size=40),
+    st.integers(-8, 8),
+)
+def test_chance_within_depends_on_the_spread_not_on_the_prediction_error(measured, predicted, power):
+    """Scaling the prediction (samples and estimate) by 2**k, an error of any size, leaves the chance as it
+    was (negative control: the raw ratio predicted*/measured* without centring would change with k)."""
+    scale = 2.0**power
+    base = chance_within(measured, float(np.median(measured)), predicted, float(np.median(predicted)), 0.1)
+    scaled = chance_within(
+        measured,
+        float(np.median(measured)),
+        scale * np.array(predicted),
+        scale * float(np.median(predicted)),
+        0.1,
+    )
+    assert scaled == base
+
+
+def test_chance_within_matches_the_lognormal_law():
+    """measured* = m exp(s Z), prediction a point: chance = P(-ln 1.1 <= s Z <= -ln 0.9), to 0.005 over
+    200,000 samples (seed 3)."""
+    rng = np.random.default_rng(3)
+    spread = 0.08
+    measured = 1.4 * np.exp(spread * rng.standard_normal(200_000))
+    expected = norm.cdf(-np.log(0.9) / spread) - norm.cdf(-np.log(1.1) / spread)
+    assert chance_within(measured, 1.4, [1.1], 1.1, 0.1) == pytest.approx(expected, abs=0.005)
+
+
+@pytest.mark.parametrize(
+    "arguments, name",
+    [
+        (([[1.0]], 1.0, [1.0], 1.0, 0.1), "measured and predicted"),
+        (([1.0], 0.0, [1.0], 1.0, 0.1), "measured_estimate"),
+        (([1.0], 1.0, [1.0], float("nan"), 0.1), "predicted_estimate"),
+        (([1.0], 1.0, [1.0], 1.0, -0.1), "tolerance"),
+    ],
+)
+def test_chance_within_refuses_bad_input_by_name(arguments, name):
+    with pytest.raises(ValueError, match=name):
+        chance_within(*arguments)
+
+
+def test_unbiased_spread_scales_deviations_by_the_variance_correction_alone():
+    """sqrt(n / (n - 1)) about the estimate (2/sqrt(3) over 4 units, no Student factor); nan below 2 units."""
+    samples = np.array([0.8, 1.0, 1.3])
+    np.testing.assert_allclose(unbiased_spread(samples, 1.0, 4), 1.0 + np.sqrt(4 / 3) * (samples - 1.0))
+    assert np.isnan(unbiased_spread(samples, 1.0, 1)).all()
+    assert np.sqrt(4 / 3) < expansion(4)  # narrower than the interval's expansion

@@ -29,6 +29,7 @@ FIELDS = (
     "speedup_ci",
     "within_ci",
     "replay_tau",
+    "speedup_within_10pct_chance",
 )
 
 
@@ -65,6 +66,7 @@ def test_quick_validate_writes_every_section(tiny_run):
     report = (out / "report.md").read_text()
     for section in SECTIONS:
         assert section in report
+    assert "speedup predictions within 10%, where exact predictions would give" in report
     for plot in ("tau.png", "speedup.png", "acceptance.png", "budget.png", "multidraft.png"):
         assert (out / plot).stat().st_size > 1000 and f"]({plot})" in report
     rows = json.loads((out / "results.json").read_text())["rows"]
@@ -88,6 +90,7 @@ def test_quick_validate_writes_every_section(tiny_run):
         assert row["within_combined_ci"] == (low - 1e-12 <= 0.0 <= high + 1e-12)
         low, high = row["joint_speedup_ci"]
         assert row["speedup_within_combined_ci"] == (low - 1e-12 <= 0.0 <= high + 1e-12)
+        assert 0.0 <= row["speedup_within_10pct_chance"] <= 1.0
         assert row["detail"]["overhead"] >= 0.0
         if row["kind"] == "ar":
             assert row["measured_tau"] == row["predicted_tau"] == 1.0
