@@ -155,7 +155,9 @@ def _groupable(bucket_p, bucket_q, light_p, light_q, low, high, n: int, tight: f
         inner = np.where(bucket_q > 0, head_p[:-1] + low * bucket_q - power[1:], head_p[1:] - power[1:])
         push = np.where(below, high * light_q - light_p, light_p - low * light_q)
     slack = np.minimum(boundary[:-1], inner) - lowest - tight - MARGIN
-    # Each push is >= 0 token by token; the difference of sums can round below it by a few ulps of p.
+    # Each push is >= 0 token by token; as a difference of two bucket sums it can round below that. Clipped at
+    # 0 and raised by 2 ulps of p: a push still underestimated can only cost acceptance (within the shortfall
+    # check's 1e-9 and its exact-path fallback), never exactness.
     push = np.maximum(push, 0.0) + 4e-16 * light_p
     fits = slack > push  # False on a NaN push
     total = head_sums(np.where(fits, push, 0.0))
