@@ -107,6 +107,10 @@ class BenchConfig:
             raise ValueError(f"--ns must be integers >= 2 (drafts per step), got {self.ns}")
         if any(v not in VERIFIERS for v in self.verifiers):
             raise ValueError(f"--verifiers must be among {', '.join(VERIFIERS)}, got {self.verifiers}")
+        if "spechub" in self.verifiers and 2 not in self.ns:
+            raise ValueError(
+                f"--verifiers spechub needs 2 in --ns (SpecHub verifies two drafts), got {self.ns}"
+            )
         if not self.rows:
             raise ValueError("--rows must hold at least one pattern")
         if self.peer not in PEERS:

@@ -157,6 +157,7 @@ def test_two_cached_heads_are_labelled_by_their_keys_and_clashing_keys_by_their_
         ({"temperatures": (-1.0,)}, "--temperatures"),
         ({"ns": (1,)}, "--ns"),
         ({"verifiers": ("magic",)}, "--verifiers"),
+        ({"verifiers": ("spechub",), "ns": (4,)}, "--verifiers spechub needs 2 in --ns"),
         ({"plan_budget": 0}, "--plan-budget"),
         ({"lookups": (0,)}, "--lookups"),
     ],
