@@ -33,11 +33,18 @@ SYNTHETIC_VOCAB = 151936
 SEED = 20251123
 
 
-def synthetic_pairs(rng: np.random.Generator, count: int, vocab: int, temperature: float):
-    """Gaussian logits (scale 3) at ``temperature``; the draft's logits are the target's plus noise (scale 1.5)."""
+#: Scale of the Gaussian noise added to the target's logits to make the synthetic draft's.
+SYNTHETIC_NOISE = 1.5
+
+
+def synthetic_pairs(
+    rng: np.random.Generator, count: int, vocab: int, temperature: float, noise: float = SYNTHETIC_NOISE
+):
+    """Gaussian logits (scale 3) at ``temperature``; the draft's logits are the target's plus Gaussian noise of
+    scale ``noise`` (1.5: a weak drafter; 0.05-0.3: a close, full-vocabulary one, alpha* near 1)."""
     for _ in range(count):
         logits = 3.0 * rng.standard_normal(vocab)
-        draft = logits + 1.5 * rng.standard_normal(vocab)
+        draft = logits + noise * rng.standard_normal(vocab)
         p = np.exp((logits - logits.max()) / temperature)
         q = np.exp((draft - draft.max()) / temperature)
         yield p / p.sum(), q / q.sum()
@@ -237,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB, help="V of the synthetic pairs"
     )
+    parser.add_argument(
+        "--synthetic-noise",
+        type=float,
+        default=SYNTHETIC_NOISE,
+        help="scale of the noise on the synthetic draft's logits (default %(default)s; 0.05-0.3: close drafts)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_optimal_verifier.json"))
     parser.add_argument(
         "--end-to-end", type=int, default=0, help="also decode N tokens per prompt with SmolLM2"
@@ -251,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.synthetic < 1 or args.synthetic_vocab < 2:
         parser.error("--steps and --synthetic must be at least 1 and --synthetic-vocab at least 2")
+    if not args.synthetic_noise >= 0:
+        parser.error(f"--synthetic-noise must be a scale >= 0, got {args.synthetic_noise}")
     if args.wor_tokens < 0 or (args.only_wor and args.wor_tokens < 4):
         parser.error("--wor-tokens must be >= 0 (and >= 4 with --only-wor)")
     drafters = [spec.strip() for spec in args.drafters.split(",") if spec.strip()]
@@ -266,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             cases[f"SmolLM2 {drafter_slug(spec)}, T = {temperature}"] = pairs[:4] if args.quick else pairs
     for temperature in (0.7, 1.0):
         count = 2 if args.quick else args.synthetic
-        cases[f"synthetic V = {args.synthetic_vocab}, T = {temperature}"] = list(
-            synthetic_pairs(rng, count, args.synthetic_vocab, temperature)
+        noise = "" if args.synthetic_noise == SYNTHETIC_NOISE else f", noise {args.synthetic_noise:g}"
+        cases[f"synthetic V = {args.synthetic_vocab}{noise}, T = {temperature}"] = list(
+            synthetic_pairs(rng, count, args.synthetic_vocab, temperature, args.synthetic_noise)
         )
     results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}, "wor": {}}
     if args.wor_tokens:

@@ -48,6 +48,19 @@ def test_bad_arguments_exit_non_zero(tmp_path):
         bench.main(["--synthetic", "0", "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit):
         bench.main(["--drafters", " , ", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):
+        bench.main(["--synthetic-noise", "-1", "--out", str(tmp_path / "x.json")])
+
+
+def test_synthetic_noise_sets_how_close_the_draft_is():
+    """The draft's logits are the target's plus noise of the given scale: at 0 the pair is identical, and the
+    total variation grows with the scale (0.3 against the default 1.5, V = 2000, seed 0)."""
+    rng = np.random.default_rng(0)
+    ((p, q),) = bench.synthetic_pairs(rng, 1, 50, 1.0, noise=0.0)
+    np.testing.assert_array_equal(p, q)
+    ((p, q),) = bench.synthetic_pairs(rng, 1, 2000, 1.0, noise=0.3)
+    ((p_far, q_far),) = bench.synthetic_pairs(rng, 1, 2000, 1.0)
+    assert 0 < np.abs(p - q).sum() < 0.5 * np.abs(p_far - q_far).sum()
 
 
 def test_each_drafter_and_checkpoint_has_its_own_pair_file():
