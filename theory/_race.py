@@ -170,7 +170,9 @@ def race_marginal(
     density = np.multiply(clock, survive, out=survive)  # w t e^{-w t}
     power = phi ** (n - 2)
     weighted = density * (power * phi)[None, :]
-    tail, first = _lower_tail(lower, masses, weights, float(np.exp(log_nodes[0])), n, step)
+    tail, first = _lower_tail(
+        lower + masses.sum(), float(masses @ weights), weights, float(np.exp(log_nodes[0])), n, step
+    )
     r = n * masses * (step * weighted.sum(axis=1) + tail)
     if not jacobian:
         return r
@@ -182,7 +184,7 @@ def race_marginal(
     return r, np.diag(diagonal) - cross
 
 
-def _lower_tail(lower: float, masses: np.ndarray, weights: np.ndarray, start: float, n: int, step: float):
+def _lower_tail(total: float, weighted: float, weights: np.ndarray, start: float, n: int, step: float):
     r"""The trapezoid lattice below the first node ``start`` = :math:`t_0`, summed in closed form.
 
     For small ``t`` the integrand of :math:`r_u / (n Q_u)` in :math:`s = \ln t` is :math:`w_u t e^{-w_u t}
@@ -191,12 +193,12 @@ def _lower_tail(lower: float, masses: np.ndarray, weights: np.ndarray, start: fl
     :math:`j \ge 1`, so :math:`\sum_j t_j^m = t_0^m / (e^{mh} - 1)`. Returns ``h`` times the two-term sum per
     unit, and its first term alone (the tail of :math:`\partial r_u / \partial \lambda_u` to first order, enough
     for the Newton matrix). The dropped third-order terms are below :math:`n^2 (w_{max} t_0)^3` of
-    :math:`\Phi^{n-1}`, ~1e-18 for ``n = 8`` at :data:`TAIL_LOW`.
+    :math:`\Phi^{n-1}`, ~1e-18 for ``n = 8`` at :data:`TAIL_LOW`. ``total`` = :math:`\Phi` and ``weighted`` =
+    :math:`S` are the class's sums; ``weights`` those of the units wanted (all of them, or a chunk).
     """
-    total = lower + masses.sum()
     power = total ** (n - 2)
     linear = step * start / np.expm1(step) * (power * total) * weights
-    drift = weights * (power * total) + (n - 1) * power * float(masses @ weights)
+    drift = weights * (power * total) + (n - 1) * power * weighted
     quadratic = step * start * start / np.expm1(2.0 * step) * weights * drift
     return linear - quadratic, linear
 

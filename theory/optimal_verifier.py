@@ -27,7 +27,10 @@ each token its own unit in small classes; in large ones the capped tokens form o
 :math:`\max(p, q) \ge` :data:`OWN_UNIT_MASS` their own, and the rest :data:`BINS` bins of :math:`\log(p/q)`,
 at most :data:`MAX_UNITS` per class (:mod:`theory._class_units`: neighbours in target ratio merged). The
 fit decides the acceptance only: ``shortfall`` :math:`= \alpha^* - \sum \min(p, r)` is known at build time, and a
-build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins.
+build whose shortfall exceeds :data:`RETRY_SHORTFALL` is redone once with :data:`RETRY_BINS` bins, then (with
+``item_fit``) once more with one weight per item in the large classes (:mod:`theory._token_race`, started from
+the unit fit's weights): units sharing :math:`r/q` cannot follow ``p`` token by token, which a class with no
+room asks for (:math:`\alpha^*` at 1, or within the units' loss of it, as close full-vocabulary drafts give).
 
 Round-off: prefix sums over the ratio order are blockwise (float64 inside blocks of
 :data:`theory._buckets.BLOCK` tokens, the block offsets in extended precision), complements are sums of the
@@ -63,6 +66,7 @@ from theory._class_units import (
     _units,
 )
 from theory._race import _power_difference, fit_log_weights, single_threaded_blas
+from theory._token_race import fit_item_log_weights
 from theory.checks import as_count, as_distribution_pair
 from theory.verifiers import Verifier
 
@@ -265,7 +269,9 @@ class OptimalVerifier:
         return (out, selected.reshape(out.shape)) if return_selected else out
 
 
-def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> OptimalVerifier:
+def optimal_verifier(
+    p, q, n: int, *, group_below: float | None = None, item_fit: bool = True
+) -> OptimalVerifier:
     r"""Build the run-time optimal verifier for ``n`` i.i.d. drafts from ``q`` and target ``p``.
 
     Exactly lossless for any weights (the single-draft step runs against the exact selection marginal
@@ -285,6 +291,11 @@ def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> Optim
         :data:`MAX_OWN_UNITS`, else 0; ``0`` builds token by token in the exact ratio order, the reference
         path). Exactness never depends on it; if grouping would cost more than
         :data:`RETRY_SHORTFALL` of acceptance, the row is rebuilt token by token.
+    item_fit : bool
+        When the unit fits miss :math:`\alpha^*` by more than :data:`RETRY_SHORTFALL`, fit the large classes
+        with one weight per item (default). It reaches :math:`\alpha^*` to ~1e-14 on close full-vocabulary
+        drafts, where the units stop 3e-5 to 4e-4 short, but costs 0.3-1 s a row at V = 49,152 there
+        (docs/benchmarks/optimal_verifier.md); the executor builds without it.
 
     Returns
     -------
@@ -310,13 +321,15 @@ def optimal_verifier(p, q, n: int, *, group_below: float | None = None) -> Optim
         raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
     with single_threaded_blas():
         tables = [
-            _build_row(row_p, row_q, n, float(group_below))
+            _build_row(row_p, row_q, n, float(group_below), bool(item_fit))
             for row_p, row_q in zip(flat_p, flat_q, strict=True)
         ]
     return OptimalVerifier(p, q, n, tables, batch_shape)
 
 
-def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float | None = None) -> _Tables:
+def optimal_tables(
+    p: np.ndarray, q: np.ndarray, n: int, *, group_below: float | None = None, item_fit: bool = True
+) -> _Tables:
     """The build of :func:`optimal_verifier` for one row, without its input checks: the executor's entry point.
 
     ``p``, ``q`` are float64 arrays ``(V,)`` already known to be distributions (renormalised here only if
@@ -331,7 +344,7 @@ def optimal_tables(p: np.ndarray, q: np.ndarray, n: int, *, group_below: float |
     if group_below is None:
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
     with single_threaded_blas():
-        return _build_row(p, q, n, float(group_below))
+        return _build_row(p, q, n, float(group_below), bool(item_fit))
 
 
 def _renormalised(x: np.ndarray) -> np.ndarray:
@@ -352,7 +365,7 @@ def _scalar(value: np.ndarray):
 # Build of one row
 
 
-def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tables:
+def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fit: bool) -> _Tables:
     vocab = p.shape[-1]
     if n == 1:
         class_id = np.where(q > 0, 0, -1)
@@ -364,7 +377,8 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     built = None
     if group_below > 0:  # the whole row, tokens with q = 0 or negligible left out by bucketed (no copy)
         absent = None if full else np.flatnonzero(~positive)
-        built = _build_items(_buckets.bucketed(p, q, n, group_below, TIGHT, absent), n, GROUPED_MIN_ROOM)
+        items = _buckets.bucketed(p, q, n, group_below, TIGHT, absent)
+        built = _build_items(items, n, GROUPED_MIN_ROOM, item_fit)
         if built is not None and built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance
             built = None  # the exact path instead
         elif built is not None and not full:  # the tokens left out already point at one extra item
@@ -373,7 +387,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     support = None if full else np.flatnonzero(positive)
     if built is None:
         ps, qs = (p, q) if full else (p[support], q[support])
-        built = _build_items(_buckets.singletons(ps, qs), n)
+        built = _build_items(_buckets.singletons(ps, qs), n, item_fit=item_fit)
     r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:
         return _Tables(r_support, classes, logs, accepted, alpha, minimiser, item_support)
@@ -384,7 +398,7 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float) -> _Tab
     return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
 
 
-def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0):
+def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0, item_fit: bool = True):
     """Marginal of every support token, class and log-weight of every item (in ratio order), the item of every
     support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens; ``None`` when
     1 - alpha* < ``min_room``."""
@@ -413,6 +427,11 @@ def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0):
         for index, (a, b) in enumerate(zip(lows, highs, strict=True)):
             if b - a == 1 and items.single[a]:
                 r_items[a] = selected[index]
+            elif bins is None:  # one weight per item where units were used, from their weights
+                if b - a > MAX_OWN_UNITS:
+                    r_items[a:b], logs[a:b] = _fit_class_by_item(
+                        items, a, b, low_mass[index], selected[index], n, logs[a:b]
+                    )
             elif bins == BINS or b - a > MAX_OWN_UNITS or not items.single[a:b].all():
                 r_items[a:b], logs[a:b] = _fit_class(
                     items, a, b, slack[a:b], low_mass[index], selected[index], n, bins
@@ -425,11 +444,14 @@ def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0):
         return r, float(np.minimum(items.p_tokens, r, out=_buckets.scratch(r.shape[0])[0]).sum())
 
     r, accepted = fit(BINS)
-    if alpha - accepted > RETRY_SHORTFALL and size > MAX_OWN_UNITS:
+    # Short of alpha*: finer units, then (item_fit) one weight per item; each kept only if it accepts more.
+    for fallback in (RETRY_BINS, None) if item_fit else (RETRY_BINS,):
+        if alpha - accepted <= RETRY_SHORTFALL or size <= MAX_OWN_UNITS:
+            break
         first = r_items.copy(), logs.copy()
-        retry, retry_accepted = fit(RETRY_BINS)
-        if retry_accepted > accepted:
-            r, accepted = retry, retry_accepted
+        again, again_accepted = fit(fallback)
+        if again_accepted > accepted:
+            r, accepted = again, again_accepted
         else:
             r_items[:], logs[:] = first
     return r, classes, logs, items.item, accepted, alpha, minimiser
@@ -448,17 +470,11 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
     (:math:`\alpha^*` close to 1 leaves too little room) the unit targets fall back to the unit sums of
     :math:`r^*`, a feasible point whose acceptance loss is the reported shortfall.
     """
-    ps, qs, single = items.p[a:b], items.q[a:b], items.single[a:b]
-    above = mass <= ps.sum()
-    bound = items.low[a:b] if above else items.high[a:b]
-    # p as the fill sees it: exact on single tokens, bound * q on groups.
-    capped = np.where(single, ps, bound * qs)
-    ratio = np.where(single, ps / qs, bound)
-    size = ps.shape[0]
+    qs = items.q[a:b]
+    above, capped, ratio = _fill_view(items, a, b, mass)
+    size = qs.shape[0]
     if size <= MAX_OWN_UNITS:
-        order = np.argsort(ratio, kind="stable")
-        level = _fill_level(ratio[order], qs[order], mass, above)
-        unit_target = np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
+        unit_target = _item_targets(capped, ratio, qs, mass, above)
         labels, unit_q = np.arange(size), qs
     else:
         labels = _units(capped, qs, slack, bins)
@@ -483,6 +499,36 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
     log_weights, unit_r = fit_log_weights(lower, unit_q, unit_target, n)
     unit_r *= mass / unit_r.sum()  # the exact marginal sums to mass; removes the common-mode quadrature error
     return qs * (unit_r / unit_q)[labels], log_weights[labels]
+
+
+def _fill_view(items, a: int, b: int, mass: float):
+    """``above`` (``mass <= p(C)``), and ``p`` and the ratio as the fill sees them on the items ``a:b``: exact
+    on single tokens, the ratio bound (and bound * q) on groups (:func:`_fit_class`)."""
+    ps, qs, single = items.p[a:b], items.q[a:b], items.single[a:b]
+    above = mass <= ps.sum()
+    bound = items.low[a:b] if above else items.high[a:b]
+    return above, np.where(single, ps, bound * qs), np.where(single, ps / qs, bound)
+
+
+def _item_targets(capped, ratio, qs, mass: float, above: bool) -> np.ndarray:
+    r"""The water-filled target of every item: :math:`\min(p, c q)` (above) or :math:`\max(p, c q)`."""
+    order = np.argsort(ratio, kind="stable")
+    level = _fill_level(ratio[order], qs[order], mass, above)
+    return np.minimum(capped, level * qs) if above else np.maximum(capped, level * qs)
+
+
+def _fit_class_by_item(items, a: int, b: int, lower: float, mass: float, n: int, start: np.ndarray):
+    r"""Marginal and log-weights of the items ``a:b`` of a large class with one weight per item
+    (:func:`theory._token_race.fit_item_log_weights`, from the unit fit's log-weights ``start``): the
+    water-filled target of every item, which units sharing :math:`r/q` cannot follow when the class has
+    little room (reference note, section 5; docs/benchmarks/optimal_verifier.md, close drafts)."""
+    qs = items.q[a:b]
+    above, capped, ratio = _fill_view(items, a, b, mass)
+    target = np.maximum(_item_targets(capped, ratio, qs, mass, above), 1e-300)
+    target *= mass / target.sum()
+    log_weights, r = fit_item_log_weights(lower, qs, target, n, start)
+    r *= mass / r.sum()  # as in _fit_class: the exact marginal sums to mass
+    return r, log_weights
 
 
 def _chain_violations(unit_q, unit_target, lower: float, mass: float, n: int, above: bool) -> np.ndarray:

@@ -331,6 +331,50 @@ def test_very_peaked_pairs_build_few_units_and_stay_exact(monkeypatch, n):
     assert max(seen) > 256, seen
 
 
+def _close_pair(vocab, noise, seed=0):
+    """A close, full-vocabulary draft: the target's Gaussian logits (scale 3) plus noise of scale ``noise``."""
+    rng = np.random.default_rng(seed)
+    logits = 3.0 * rng.standard_normal(vocab)
+    draft = logits + noise * rng.standard_normal(vocab)
+    return _normalised(np.exp(logits - logits.max())), _normalised(np.exp(draft - draft.max()))
+
+
+@pytest.mark.parametrize(("noise", "n"), [(0.05, 2), (0.05, 8), (0.3, 8)])
+def test_one_weight_per_token_reaches_alpha_star_on_close_drafts_where_units_fall_short(noise, n):
+    """alpha* = 1 on these V = 4096 pairs, so r must equal p token by token: the unit fit (at most MAX_UNITS
+    units sharing r/q) stops 2e-5 to 1.2e-4 short (item_fit=False, the negative control), and the per-item
+    fit that follows it reaches alpha* to 1e-12, with the marginal still a distribution whose classes carry
+    their selection probabilities."""
+    p, q = _close_pair(4096, noise)
+    units = optimal_verifier(p, q, n, item_fit=False)
+    assert units.shortfall > 1e-6
+    v = optimal_verifier(p, q, n)
+    assert v.alpha_star == pytest.approx(1.0, abs=1e-15) and v.shortfall <= 1e-12
+    assert abs(v.acceptance - np.minimum(p, v.marginal).sum()) <= 1e-12
+    assert np.all(v.marginal >= 0) and abs(v.marginal.sum() - 1.0) <= 1e-12
+
+
+def test_the_per_item_fit_is_exact_by_enumeration(monkeypatch):
+    """Forced on every class of two or more items (units of one item at most, every fit followed by a retry
+    and the per-item fit), on 40 random pairs (V = 6, n = 2-4): the output law is p to 1e-12, the marginal is
+    the enumerated selection marginal, the acceptance reaches alpha* to 1e-9, and the per-item fit ran."""
+    calls = []
+    by_item = module._fit_class_by_item
+    monkeypatch.setattr(module, "MAX_OWN_UNITS", 1)
+    monkeypatch.setattr(module, "RETRY_SHORTFALL", -1.0)
+    monkeypatch.setattr(module, "_fit_class_by_item", lambda *a: (calls.append(a[2] - a[1]), by_item(*a))[1])
+    rng = np.random.default_rng(8)
+    for _ in range(40):
+        p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(0.5 * np.ones(6))
+        n = int(rng.integers(2, 5))
+        v = optimal_verifier(p, q, n, group_below=0.0)
+        output, selection, _ = enumerated(v, q, n)
+        np.testing.assert_allclose(output, p, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(v.marginal, selection, rtol=0, atol=1e-12)
+        assert v.shortfall <= 1e-9
+    assert len(calls) >= 40 and max(calls) >= 2
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Monte Carlo on real SmolLM2 pairs (top 24 tokens of p and q plus each side's rest; see experiments.real_pairs)
 
