@@ -557,7 +557,9 @@ class RuntimeOptimalVerifier(Verifier):
 
     Attains :math:`\alpha^*` (to the build's ``shortfall``, ~1e-14 on real pairs) at any vocabulary size and is
     exactly lossless. The last build is cached, since tests and :meth:`sample` ask for the same pair; the LP
-    coupling (``verifier("optimal", method="lp")``) remains as the small-V oracle.
+    coupling (``verifier("optimal", method="lp")``) remains as the small-V oracle. It builds as the executor
+    does (``item_fit=False``: the unit fit alone), so that its exact acceptance is the executor's, the twin
+    that replays and :func:`theory.check_lossless` check.
     """
 
     name, draft = "optimal", "iid"
@@ -568,11 +570,11 @@ class RuntimeOptimalVerifier(Verifier):
     def build(self, p, q, n: int) -> OptimalVerifier:
         key = p.tobytes() + q.tobytes() + n.to_bytes(4, "little")
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, optimal_verifier(p, q, n))
+            self._cache = (key, optimal_verifier(p, q, n, item_fit=False))
         return self._cache[1]
 
     def _acceptance(self, p, q, n):
-        return optimal_verifier(p, q, n).acceptance
+        return optimal_verifier(p, q, n, item_fit=False).acceptance
 
     def _conditional(self, p, q, drafts):
         return self.build(p, q, drafts.shape[1]).conditional(drafts)
