@@ -319,9 +319,11 @@ def optimal_verifier(
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
     elif not 0.0 <= group_below <= np.inf:
         raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
+    if not isinstance(item_fit, bool):
+        raise ValueError(f"item_fit must be True or False, got {item_fit!r}")
     with single_threaded_blas():
         tables = [
-            _build_row(row_p, row_q, n, float(group_below), bool(item_fit))
+            _build_row(row_p, row_q, n, float(group_below), item_fit)
             for row_p, row_q in zip(flat_p, flat_q, strict=True)
         ]
     return OptimalVerifier(p, q, n, tables, batch_shape)

@@ -354,6 +354,11 @@ def test_one_weight_per_token_reaches_alpha_star_on_close_drafts_where_units_fal
     assert np.all(v.marginal >= 0) and abs(v.marginal.sum() - 1.0) <= 1e-12
 
 
+def test_bad_item_fit_is_rejected():
+    with pytest.raises(ValueError, match="item_fit"):
+        optimal_verifier([0.5, 0.5], [0.5, 0.5], 2, item_fit="no")
+
+
 def test_the_per_item_fit_is_exact_by_enumeration(monkeypatch):
     """Forced on every class of two or more items (units of one item at most, every fit followed by a retry
     and the per-item fit), on 40 random pairs (V = 6, n = 2-4): the output law is p to 1e-12, the marginal is
