@@ -162,13 +162,19 @@ def difference_interval(measured, predicted, *, level: float = LEVEL) -> list[fl
     (``measured``) and the calibration prompts (``predicted``) independently and differencing them gives the
     interval that covers both. A prediction is *consistent* with the run when 0 lies in it.
     """
+    measured, predicted = _paired(measured, predicted)
+    return _interval(measured - predicted, level)
+
+
+def _paired(measured, predicted) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves' bootstrap samples as float arrays of one length (the shorter repeated, independently
+    of the other: the halves are resampled apart)."""
     measured = np.asarray(measured, dtype=np.float64)
     predicted = np.asarray(predicted, dtype=np.float64)
     if measured.ndim != 1 or predicted.ndim != 1 or measured.size == 0 or predicted.size == 0:
         raise ValueError("measured and predicted must be non-empty 1-D arrays of bootstrap samples")
     size = max(measured.size, predicted.size)
-    paired = np.resize(measured, size) - np.resize(predicted, size)
-    return _interval(paired, level)
+    return np.resize(measured, size), np.resize(predicted, size)
 
 
 def chance_within(
@@ -188,20 +194,14 @@ def chance_within(
     perfect predictor, the yardstick for the number observed. Non-finite samples are dropped; ``nan`` when
     none is left (a half of one prompt has no spread).
     """
-    measured = np.asarray(measured, dtype=np.float64)
-    predicted = np.asarray(predicted, dtype=np.float64)
-    if measured.ndim != 1 or predicted.ndim != 1 or measured.size == 0 or predicted.size == 0:
-        raise ValueError("measured and predicted must be non-empty 1-D arrays of bootstrap samples")
+    measured, predicted = _paired(measured, predicted)
     for value, name in ((measured_estimate, "measured_estimate"), (predicted_estimate, "predicted_estimate")):
         if not (np.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number, got {value!r}")
     if not (np.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
-    size = max(measured.size, predicted.size)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (np.resize(predicted, size) / predicted_estimate) / (
-            np.resize(measured, size) / measured_estimate
-        )
+        ratio = (predicted / predicted_estimate) / (measured / measured_estimate)
     finite = np.isfinite(ratio)
     if not finite.any():  # no spread to estimate (a half of one prompt)
         return float("nan")
