@@ -76,8 +76,7 @@ def test_a_target_out_of_reach_stops_at_the_best_point():
     """A zero target on one unit (its weight can only sink to -FLOOR): the fit stops when no step helps and
     returns finite weights whose marginal is exact and closer to the target than the start's."""
     masses = np.array([0.5, 0.3, 0.2])
-    total = 1.0
-    target = np.array([0.6, 0.4, 0.0]) * total
+    target = np.array([0.6, 0.4, 0.0])  # sums to the class's mass (0 + 1)^3 - 0^3
     start = np.zeros(3)
     log_weights, r = token_race.fit_item_log_weights(0.0, masses, target, 3, start)
     assert np.all(np.isfinite(log_weights))
