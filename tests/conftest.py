@@ -1,7 +1,8 @@
 """Shared test configuration: hypothesis profiles and torch threads.
 
 Every property runs at least 200 examples. On CI (the ``CI`` environment variable is set) the examples are
-derandomised so that a red run reproduces exactly on a developer's machine.
+derandomised so that a red run reproduces exactly on a developer's machine. ``--hypothesis-profile deep`` runs
+ten times the examples (properties that fix their own count keep it), a bug hunt rather than a CI job.
 """
 
 import os
@@ -36,4 +37,5 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True, print_blob=True)
+settings.register_profile("deep", parent=settings.get_profile("dev"), max_examples=2000, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
