@@ -145,8 +145,10 @@ def _parametric_decisions(
             continuation = 0.0
             for bucket in np.flatnonzero(law.probability):
                 key = base[:bucket] + (base[bucket] + 1,) + base[bucket + 1 :]
+                # pi * a first, as the table records it: gain * pi * a could stay a subnormal where pi * a
+                # underflows to 0, and a row recorded at 0 would then continue (no threshold rule).
                 continuation += law.probability[bucket] * (
-                    per_token - gain * prob * law.acceptance[bucket] + value_next[key]
+                    per_token - gain * (prob * law.acceptance[bucket]) + value_next[key]
                 )
             decision[counts] = continuation < 0.0
             value[counts] = min(0.0, continuation)
