@@ -1,6 +1,7 @@
 """Shared test configuration: hypothesis profiles and torch threads.
 
-Every property runs at least 200 examples. On CI (the ``CI`` environment variable is set) the examples are
+Every property runs 200 examples unless it sets its own count (ten costly ones, which run a model or an exact
+enumeration per example, run 20-150). On CI (the ``CI`` environment variable is set) the examples are
 derandomised so that a red run reproduces exactly on a developer's machine. ``--hypothesis-profile deep`` runs
 ten times the examples (properties that fix their own count keep it), a bug hunt rather than a CI job.
 """
