@@ -41,7 +41,7 @@ from theory.length import (
     specdecpp_threshold,
 )
 
-HELP = "Plan the draft length: optimal stop/continue policy (SpecDec++ MDP) and ranked practical rules."
+HELP = "plan the draft length: the optimal stop/continue policy (SpecDec++ MDP) and ranked practical rules"
 
 #: Practical rules' parameters compared by default (papers' defaults and a small sweep around them).
 SPECDECPP_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)

@@ -18,7 +18,7 @@ import numpy as np
 
 from theory.tree_planning import TREE_COST_CONVENTIONS, TreePlan, plan_tree
 
-HELP = "Plan a speculative token tree: Sequoia's optimal tree for an acceptance vector and a latency table."
+HELP = "plan a speculative token tree: Sequoia's optimal tree for an acceptance vector and a latency table"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
