@@ -25,8 +25,9 @@ Rows, for every dtype and temperature of :class:`BenchConfig` (all on the same G
   ``D``: :class:`executor.drafters.LookupFirstDrafter` with the defaults of ``--drafter ngram+D``), ``tree-D`` (a DySpec/EAGLE-2 dynamic tree of
   ``2 gamma + 1`` nodes, or Falcon's pass-by-pass tree for a ``falcon`` drafter, as
   :func:`executor.decoders.default_tree` chooses), ``multidraft-V-nN-D`` (``N`` drafts verified by ``V`` = ``rrs``, recursive
-  rejection sampling, ``rrs_wor`` (drafts without replacement), ``kseq`` (SpecTr's K-SEQ), ``spechub`` (at ``N = 2`` only) or
-  ``optimal``, the run-time optimal verifier of Hu et al., ICLR 2025, arXiv 2502.18779; at temperature 0 all
+  rejection sampling, ``rrs_wor`` (drafts without replacement), ``kseq`` (SpecTr's K-SEQ), ``spechub`` (at ``N = 2`` only),
+  ``greedy`` (the greedy draft law and its optimal verifier, Hu et al., ICLR 2025, arXiv 2502.18779) or
+  ``optimal``, the run-time optimal verifier for i.i.d. drafts (``docs/optimal_verifier.md``); at temperature 0 all
   are the argmax rule, so one ``multidraft-argmax-nN-D`` row), and
   ``plan-tree-D``: the static tree :func:`theory.plan_tree` (Sequoia, Chen et al., NeurIPS 2024,
   arXiv 2402.12374, §4.1) chooses from this run's measured forward costs and the drafter's measured
@@ -49,8 +50,9 @@ __all__ = ["BenchConfig", "build_runners", "llamacpp_runners", "load_peer", "loa
 
 DTYPES = ("float32", "bfloat16")
 #: Multi-draft verifiers of the bench rows: i.i.d. drafts (RRS, K-SEQ, the optimal verifier), drafts without
-#: replacement (RRS without replacement) and SpecHub's hub draft law; the multi-draft decoder draws each one's law.
-VERIFIERS = ("rrs", "rrs_wor", "kseq", "spechub", "optimal")
+#: replacement (RRS without replacement), SpecHub's hub draft law and Hu et al.'s greedy draft law (the top
+#: ``N - 1`` tokens of ``q`` and one draw from the rest); the multi-draft decoder draws each one's law.
+VERIFIERS = ("rrs", "rrs_wor", "kseq", "spechub", "greedy", "optimal")
 PEERS = ("transformers", "llamacpp")
 #: llama.cpp weights -> the dtype name of their rows (F32 rows sit next to our float32 ``ar``: ``vs ar``).
 LLAMACPP_DTYPES = {"q4_1": "q4_1", "f32": "float32", "bf16": "bfloat16"}

@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--verifiers",
         default="rrs,optimal",
-        help="multi-draft verifiers at T > 0, comma-separated: rrs, rrs_wor, kseq, spechub, optimal (default rrs,optimal)",
+        help="multi-draft verifiers at T > 0, comma-separated: rrs, rrs_wor, kseq, spechub, greedy, optimal (default rrs,optimal)",
     )
     parser.add_argument("--plan-budget", type=int, default=16, help="largest planned tree (default 16 nodes)")
     parser.add_argument("--plan-depth", type=int, default=6, help="deepest planned tree (default 6)")
