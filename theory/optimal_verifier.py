@@ -570,13 +570,14 @@ class RuntimeOptimalVerifier(Verifier):
         self._cache: tuple[bytes, OptimalVerifier] | None = None
 
     def build(self, p, q, n: int) -> OptimalVerifier:
-        key = p.tobytes() + q.tobytes() + n.to_bytes(4, "little")
+        # The shape too: a batch of pairs and its transpose can hold the same bytes.
+        key = repr(p.shape).encode() + p.tobytes() + q.tobytes() + n.to_bytes(4, "little")
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, optimal_verifier(p, q, n, item_fit=False))
         return self._cache[1]
 
     def _acceptance(self, p, q, n):
-        return optimal_verifier(p, q, n, item_fit=False).acceptance
+        return self.build(p, q, n).acceptance
 
     def _conditional(self, p, q, drafts):
         return self.build(p, q, drafts.shape[1]).conditional(drafts)
