@@ -23,7 +23,7 @@ import theory
 from tests.kseq_rows import KSEQ_ROW_ARGUMENTS, kseq_row
 from theory import check_lossless, strategies, verifier
 from theory.draft_laws import enumerate_drafts
-from theory.verifiers import VERIFIERS, RecursiveRejectionSampling, Verifier
+from theory.verifiers import VERIFIERS, RecursiveRejectionSampling, Verifier, iid
 
 # The optimal verifier needs an LP coupling per example; it has its own, smaller tests below.
 CLOSED_FORM = tuple(name for name in VERIFIERS if name != "optimal")
@@ -225,6 +225,20 @@ def test_kseq_division_factor_matches_plain_bisection_at_vocabulary_scale(seed, 
     assert acceptance == pytest.approx(1.0 - (1.0 - np.sum(np.minimum(p / expected, q))) ** n, abs=1e-12)
     batch = kseq.division_factor(np.stack([q, p]), np.stack([p, q]), n)
     assert batch[0] == float(kseq.division_factor(q, p, n)) and batch[1] == rho
+
+
+@given(*KSEQ_ROW_ARGUMENTS)
+def test_kseq_division_factor_agrees_across_the_plain_bisection_threshold(seed, concentration, n, shape):
+    """Just above :data:`KSEQ_PLAIN_BISECTION_VOCAB` the bucketed search runs; raising the threshold sends the
+    same rows through the plain bisection, and the two factors agree to 1e-9."""
+    vocab = iid.KSEQ_PLAIN_BISECTION_VOCAB + 1
+    p, q = kseq_row(seed, concentration, n, shape, vocab)
+    batch = (np.stack([p, q]), np.stack([q, p]))
+    bucketed = verifier("kseq").division_factor(*batch, n)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(iid, "KSEQ_PLAIN_BISECTION_VOCAB", vocab)
+        plain = verifier("kseq").division_factor(*batch, n)
+    np.testing.assert_allclose(plain, bucketed, rtol=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------------
