@@ -206,17 +206,9 @@ def profile_llamacpp(
     timed rounds are appended to it and the summaries cover every sample in it, so short profiles taken between
     a benchmark's rounds add up to one profile of the whole run.
     """
-    from experiments.profiling import summarise_times
+    from experiments.profiling import check_timing_arguments, summarise_times
 
-    sizes = sorted({int(n) for n in sizes})
-    if not sizes or sizes[0] != 1:
-        raise ValueError(f"sizes must contain 1 and be >= 1, got {sizes}")
-    for value, name, minimum in ((repeats, "repeats", 1), (warmup, "warmup", 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    context = [int(t) for t in context]
-    if len(context) < 2:
-        raise ValueError(f"context must hold at least 2 tokens, got {len(context)}")
+    sizes, context = check_timing_arguments(sizes, repeats, warmup, context)
     committed = len(context) - 1
     filler = [context[i % len(context)] for i in range(sizes[-1])]
     import numpy as np

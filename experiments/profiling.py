@@ -109,6 +109,22 @@ def _timed(call: Callable[[], object], device) -> float:
     return time.perf_counter() - start
 
 
+def check_timing_arguments(sizes, repeats, warmup, context) -> tuple[list[int], list[int]]:
+    """Validate the arguments every latency profile shares; returns the sorted distinct ``sizes`` and the
+    ``context`` as ints. ``sizes`` must contain 1 (plain decoding, the baseline), ``repeats >= 1``,
+    ``warmup >= 0`` and ``context`` at least 2 tokens (a prefill and a root)."""
+    sizes = sorted({int(n) for n in sizes})
+    if not sizes or sizes[0] != 1:
+        raise ValueError(f"sizes must contain 1 (the plain-decoding baseline) and be >= 1, got {sizes}")
+    for value, name, minimum in ((repeats, "repeats", 1), (warmup, "warmup", 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    context = [int(t) for t in context]
+    if len(context) < 2:
+        raise ValueError(f"context must hold at least 2 tokens, got {len(context)}")
+    return sizes, context
+
+
 def profile_costs(
     model,
     context: Sequence[int],
@@ -150,22 +166,14 @@ def profile_costs(
 
     from executor.decoders.base import DecodingState, DraftTree
 
-    sizes = sorted({int(n) for n in sizes})
+    sizes, context = check_timing_arguments(sizes, repeats, warmup, context)
     widths = sorted({int(w) for w in widths})
-    if not sizes or sizes[0] != 1:
-        raise ValueError(f"sizes must contain 1 (the plain-decoding baseline) and be >= 1, got {sizes}")
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be integers >= 1, got {widths}")
     if drafter is not None and widths[-1] > model.config.vocab_size:
         raise ValueError(
             f"widths must be at most the vocabulary ({model.config.vocab_size}), got {widths[-1]}"
         )
-    for value, name, minimum in ((repeats, "repeats", 1), (warmup, "warmup", 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    context = [int(t) for t in context]
-    if len(context) < 2:
-        raise ValueError(f"context must hold at least 2 tokens, got {len(context)}")
     committed = len(context) - 1
     slots = committed + max(sizes[-1], widths[-1] + 1)
     if slots > model.config.max_seq_len:
