@@ -466,7 +466,10 @@ class Transformer(nn.Module):
         cos, sin = self._rope(cache_positions if positions is None else positions)
         x = self.tok_embeddings(tokens)
         slots, mask = self._additive_mask(cache_positions, attention_mask, attention_dtype(x.dtype, x.device))
-        step = self.layers_and_head if self.step is None else self.step
+        # Row-wise attention reads the mask's values (visible_slots), which a compiled graph cannot trace: a
+        # quantised model's several-token calls run eager, its one-token calls (no mask) compiled.
+        eager = self.step is None or (self.rowwise_attention and mask is not None)
+        step = self.layers_and_head if eager else self.step
         logits, hidden = step(x, cos, sin, cache_positions, mask, slots, n_layers)
         return (logits, hidden) if return_hidden else logits
 
