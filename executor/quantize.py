@@ -155,7 +155,7 @@ def q4_1_blocks(raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode GGUF Q4_1 data, uint8 (rows, in / 32 * 20): ``(q uint8 (rows, in), d, m float16 (rows, in / 32))``.
 
     A block is ggml's ``block_q4_1``: float16 ``d``, float16 ``m``, then 16 bytes whose low nibbles are weights
-    0-15 and high nibbles weights 16-31; weight :math:`w = d\\,q + m` (:func:`q4_1_dequantize`).
+    0-15 and high nibbles weights 16-31; weight :math:`w = d\\,q + m` (ggml's ``dequantize_row_q4_1``).
     """
     import numpy as np
 
@@ -169,12 +169,6 @@ def q4_1_blocks(raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     packed = blocks[..., 4:]
     q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, groups * Q4_1_GROUP)
     return torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(m.copy())
-
-
-def q4_1_dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """:math:`w = d\\,q + m` per block of 32, in float32 (ggml's ``dequantize_row_q4_1``)."""
-    scale = d.float().repeat_interleave(Q4_1_GROUP, dim=1)
-    return q.float() * scale + m.float().repeat_interleave(Q4_1_GROUP, dim=1)
 
 
 def int4_unsupported_reason(device: str | torch.device = "cpu") -> str | None:

@@ -104,10 +104,6 @@ class MethodResult:
         """Tokens per target step (bonus token included)."""
         return len(self.token_ids) / self.steps if self.steps else float("nan")
 
-    @property
-    def layers_per_token(self) -> float:
-        return self.layer_evaluations / len(self.token_ids) if self.token_ids else float("nan")
-
 
 @dataclass
 class Prediction:
@@ -151,7 +147,6 @@ class Method(ABC):
     def __init__(self, target, tokenizer=None) -> None:
         self.target = target
         self.tokenizer = tokenizer
-        self.calibrated: dict = {}
 
     @abstractmethod
     def build(self, temperature: float = 0.0) -> Decoder:
@@ -217,10 +212,6 @@ class Method(ABC):
         trained once by ``specbound train-drafter`` and shared): their ``seconds`` are the drafter's training
         time. None by default; the method's own training is :attr:`Prediction.train_seconds`."""
         return []
-
-    def describe(self) -> dict:
-        """Name, losslessness, paper and options, for reports."""
-        return {"method": self.name, "lossless": self.lossless, "paper": self.paper, **self.options()}
 
     def options(self) -> dict:
         return {}
