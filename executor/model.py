@@ -386,8 +386,8 @@ class Transformer(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # A replacement for layers_and_head (the compiled step of executor.compiled); None runs it eagerly.
         self.step = None
-        # Attention one query at a time (Attention._rowwise) when a call has several tokens: each row's logits
-        # are then bitwise those of a one-token pass, which a quantised model's bfloat16 roundings need.
+        # Attention one query at a time (Attention._rowwise) when an eager call has several tokens: each row's
+        # logits are then bitwise those of a one-token pass, which a quantised model's bfloat16 roundings need.
         self.rowwise_attention = False
         # Weight-only quantisation (executor.quantize): the scheme name, the int8 LM head, and the fingerprint
         # of the float weights it was made from. None for a float model.
@@ -466,10 +466,7 @@ class Transformer(nn.Module):
         cos, sin = self._rope(cache_positions if positions is None else positions)
         x = self.tok_embeddings(tokens)
         slots, mask = self._additive_mask(cache_positions, attention_mask, attention_dtype(x.dtype, x.device))
-        # Row-wise attention reads the mask's values (visible_slots), which a compiled graph cannot trace: a
-        # quantised model's several-token calls run eager, its one-token calls (no mask) compiled.
-        eager = self.step is None or (self.rowwise_attention and mask is not None)
-        step = self.layers_and_head if eager else self.step
+        step = self.layers_and_head if self.step is None else self.step
         logits, hidden = step(x, cos, sin, cache_positions, mask, slots, n_layers)
         return (logits, hidden) if return_hidden else logits
 
@@ -478,9 +475,11 @@ class Transformer(nn.Module):
 
         Returns ``(logits, hidden)``. :func:`executor.compiled.compile_model` sets ``self.step`` to a compiled
         version of this method, which :meth:`forward` then calls instead. With ``rowwise_attention`` the mask
-        becomes :func:`visible_slots` (one attention call per query row).
+        becomes :func:`visible_slots` (one attention call per query row), eager only.
         """
-        if self.rowwise_attention and isinstance(mask, torch.Tensor):
+        # visible_slots reads the mask's values, which a compiled graph cannot: compiled, several tokens attend
+        # under the mask as a float model's do (equal to one-token passes up to round-off, not bit for bit).
+        if self.rowwise_attention and isinstance(mask, torch.Tensor) and not torch.compiler.is_compiling():
             mask = visible_slots(mask)
         for layer in self.layers[:n_layers]:
             x = layer(x, cos, sin, cache_positions, mask, slots)

@@ -114,26 +114,30 @@ def test_compiled_logits_equal_eager_on_a_tiny_model_with_tree_masks(tiny_model)
 
 
 @pytest.mark.slow
-def test_a_compiled_int8_model_runs_masked_calls_eager_and_one_token_calls_compiled(tiny_model):
-    # Its row-wise attention reads the mask's values, which Dynamo cannot trace (fullgraph: an error, not a
-    # fallback). Masked calls now bypass the graph and equal the eager model bit for bit.
+def test_a_compiled_int8_model_attends_under_the_mask_and_decodes_as_its_plain_decoding(tiny_model):
+    # Eager, its row-wise attention reads the mask's values, which Dynamo cannot trace (fullgraph: an error);
+    # compiled, several tokens attend under the mask, equal to the eager rows up to round-off.
+    torch._dynamo.reset()
+    counters.clear()
     model, eager = quantize_model(tiny_model(3)), quantize_model(tiny_model(3))
     assert model.rowwise_attention
     compile_model(model)
-    counters.clear()
-    masked = [
+    calls = [
         ((torch.tensor([[1, 2, 3, 4]]), torch.arange(4)), {}),
         (
             (torch.tensor([[6, 7, 8]]), torch.arange(4, 7)),
             {"attention_mask": TREE_MASK, "positions": torch.tensor([4, 5, 5])},
         ),
+        ((torch.tensor([[5]]), torch.tensor([4])), {}),
     ]
-    for args, kwargs in masked:
-        assert torch.equal(model(*args, **kwargs), eager(*args, **kwargs))
-    assert counters["stats"]["unique_graphs"] == 0
-    one_token = (torch.tensor([[5]]), torch.tensor([4]))
-    torch.testing.assert_close(model(*one_token), eager(*one_token), atol=1e-5, rtol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 1
+    for args, kwargs in calls:
+        torch.testing.assert_close(model(*args, **kwargs), eager(*args, **kwargs), atol=1e-2, rtol=1e-2)
+    assert counters["stats"]["unique_graphs"] >= 2 and model.step is not None
+    prompt = [6, 7, 8, 6, 7, 8, 6, 7, 8, 9, 10, 11, 6, 7]
+    plain = AutoregressiveDecoder(model).generate(prompt, 12)
+    chain = ChainDecoder(model, PromptLookupDrafter(), gamma=3).generate(prompt, 12)
+    assert chain.token_ids == plain.token_ids
+    assert sum(len(step.tokens) - 1 for step in chain.steps) > 0  # it drafted: masked passes verified
 
 
 @pytest.mark.slow
