@@ -87,8 +87,10 @@ class PlanCandidate:
 class TreePlan:
     """The chosen tree and how it was chosen.
 
-    ``speedup = target_time(1) * expected_tokens / step_time``, the tokens per second against autoregressive
-    decoding; ``alternatives`` lists every scored (size, depth) pair, best first (the chosen one included).
+    ``speedup = (target_time(1) + plain_overhead) * expected_tokens / step_time``, the tokens per second
+    against autoregressive decoding, with ``step_time`` the step's passes plus ``step_overhead`` (both
+    overheads 0 unless given); ``alternatives`` lists every scored (size, depth) pair, best first (the chosen
+    one included).
     """
 
     tree: Tree
@@ -145,15 +147,20 @@ def plan_tree(
     max_depth: int,
     max_width: int | None = None,
     convention: str = "drafted-levels",
+    step_overhead: float = 0.0,
+    plain_overhead: float = 0.0,
 ) -> TreePlan:
     """Choose the tree size ``n`` and depth ``d`` that maximise tokens per second (Sequoia §4.1).
 
-    .. math:: \\mathrm{Speedup}(n, d) = \\frac{t(1)\\, G(n, d)}{t(n) + \\sum_{k < d} t_{draft}(k)}
+    .. math:: \\mathrm{Speedup}(n, d) = \\frac{(t(1) + o_1)\\, G(n, d)}{t(n) + \\sum_{k < d} t_{draft}(k) + o}
 
     where ``G(n, d)`` is :func:`~theory.trees.optimal_tree`'s value with ``n`` nodes and depth at most ``d``
     (Chen et al., Sequoia, NeurIPS 2024, arXiv 2402.12374, §4.1; the paper divides by ``t(1)`` so that
     ``c = t_draft / t(1)``). Only pairs whose optimal tree has depth exactly ``d`` are scored: a shallower
-    tree is scored at its own depth, where it costs less.
+    tree is scored at its own depth, where it costs less. The overheads are what a step spends beyond its
+    forward passes (masks, probabilities, verification, bookkeeping): ``o`` for a drafting step (``d >= 1``),
+    :math:`o_1` for a plain decoding step, which is the ``n = 1, d = 0`` candidate (speedup 1). Sequoia's
+    formula is ``o = o_1 = 0``; on a CPU a sampled step's few milliseconds are a sizeable part of a pass.
 
     Ties: every pair whose speedup is within :data:`TIE_TOLERANCE` (relative) of the best counts as best, and
     the smallest size, then the smallest depth, among them is chosen. Exact ties are common (a tree whose
@@ -180,6 +187,9 @@ def plan_tree(
         ``"drafted-levels"`` charges ``d`` draft passes; ``"sequoia-repo"`` charges ``d + 1`` (levels with the
         root), the cost in the Sequoia repository's ``tree_search.py``, so that its demo configuration
         (``max_depth`` 10 there counts the root, i.e. ``max_depth=9`` here) gives the repository's tree.
+    step_overhead, plain_overhead : float
+        Seconds a drafting step and a plain decoding step spend beyond their forward passes (``>= 0``,
+        default 0), e.g. as ``specbound bench`` measures them in its calibration decoding.
     """
     matrix = as_acceptance(acc)
     per_depth = np.ndim(acc) == 2
@@ -187,12 +197,14 @@ def plan_tree(
     max_depth = as_count(max_depth, "max_depth", minimum=0)
     level_times = _level_times(draft_time)
     convention = as_choice(convention, "convention", TREE_COST_CONVENTIONS)
+    step_overhead = as_nonnegative(step_overhead, "step_overhead")
+    plain_overhead = as_nonnegative(plain_overhead, "plain_overhead")
     times = as_time_table(target_time, "target_time", max_size=max_budget)
     if per_depth and max_depth > matrix.shape[0]:
         raise ValueError(f"max_depth={max_depth} exceeds the {matrix.shape[0]} rows of the acceptance matrix")
     largest = max(times)
     extra_passes = 1 if convention == "sequoia-repo" else 0
-    baseline = times[1]
+    baseline = times[1] + plain_overhead
 
     # values[d][n] = G(n, d); trees are rebuilt from the table that produced the value.
     if per_depth:  # each depth limit shifts the rows every subtree sees: one programme per limit
@@ -211,7 +223,8 @@ def plan_tree(
             if not value > previous:  # infeasible, or the optimal tree is shallower than d
                 continue
             previous = value
-            step_time = verify_time + _drafting(level_times, d + extra_passes)
+            overhead = step_overhead if d > 0 else plain_overhead
+            step_time = verify_time + _drafting(level_times, d + extra_passes) + overhead
             speedup = np.inf if step_time == 0 else baseline * value / step_time
             candidates.append(PlanCandidate(n, d, value, step_time, speedup))
     best = max(candidate.speedup for candidate in candidates)

@@ -45,6 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "target pass. Default: the profile's drafter level time with a `specbound profile` --latency file, "
         "else 0",
     )
+    parser.add_argument(
+        "--step-overhead",
+        type=float,
+        default=0.0,
+        help="seconds a drafting step spends beyond its forward passes (masks, probabilities, verification; "
+        "`specbound bench` measures it), in the units of --draft-time (default 0, Sequoia's formula)",
+    )
+    parser.add_argument(
+        "--plain-overhead",
+        type=float,
+        default=0.0,
+        help="the same for a plain decoding step, added to the baseline (default 0)",
+    )
     parser.add_argument("--max-depth", type=int, default=16, help="most drafted levels (default 16)")
     parser.add_argument("--max-width", type=int, default=None, help="most children per node (default: W)")
     parser.add_argument(
@@ -146,6 +159,8 @@ def make_plan(args: argparse.Namespace) -> TreePlan:
         max_depth=args.max_depth,
         max_width=args.max_width,
         convention=args.convention,
+        step_overhead=args.step_overhead,
+        plain_overhead=args.plain_overhead,
     )
 
 
@@ -168,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         "step_time": plan.step_time,
         "speedup": plan.speedup,
         "draft_time": args.draft_time,
+        "step_overhead": args.step_overhead,
+        "plain_overhead": args.plain_overhead,
         "convention": plan.convention,
         "latency": "flat (1 per step)" if args.latency is None else str(args.latency),
         "alternatives": [
@@ -190,7 +207,10 @@ def run(args: argparse.Namespace) -> int:
         f"Predicted speedup: {plan.speedup:.3f}x "
         f"(step time {plan.step_time:.4g}, latency {report['latency']},"
     )
-    print(f"  draft time {args.draft_time:g} per level, convention {plan.convention})")
+    print(
+        f"  draft time {args.draft_time:g} per level, overheads {args.step_overhead:g} per step and "
+        f"{args.plain_overhead:g} per plain step, convention {plan.convention})"
+    )
     print()
     print(plan.tree.ascii())
     print()

@@ -1,11 +1,13 @@
 """``specbound plan-tree``: text and JSON output agree with the theory; bad files give a clean error."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments.cli import main
+from experiments.commands.plan_tree import read_acceptance, read_latency
 from experiments.examples import SEQUOIA_DEMO_COUNTS
 from theory import Tree, optimal_tree, plan_tree, tree_expected_tokens
 
@@ -131,6 +133,8 @@ def test_sequoia_repository_formats_are_accepted(tmp_path, capsys):
         ('{"p": [0.5]}', [], "'acceptance' key"),
         ("[0.5]", ["--budget", "0"], "max_budget"),
         ("[0.5]", ["--draft-time", "-1"], "draft_time"),
+        ("[0.5]", ["--step-overhead", "-1"], "step_overhead"),
+        ("[0.5]", ["--plain-overhead", "nan"], "plain_overhead"),
     ],
 )
 def test_bad_input_exits_with_status_2_and_a_message(tmp_path, capsys, content, extra, message):
@@ -199,6 +203,27 @@ def test_a_profile_plans_like_its_interpolated_table_with_the_drafters_level_tim
     # An explicit --draft-time wins over the profile's.
     explicit = run_json(capsys, [*common, "--latency", profile, "--draft-time", "0"])
     assert explicit["draft_time"] == 0 and explicit["speedup"] > from_profile["speedup"]
+
+
+def test_the_overheads_reach_the_planner_and_the_report(tmp_path, files, capsys):
+    acc, _ = files
+    profile = write_profile(tmp_path / "profile.json", [1, 2, 4, 8, 16], [1.0, 1.0, 1.2, 1.6, 2.4], 0.3)
+    common = ["plan-tree", "--acceptance", str(acc), "--budget", "16", "--latency", profile]
+    plain = run_json(capsys, common)
+    charged = run_json(capsys, [*common, "--step-overhead", "0.5", "--plain-overhead", "0.1"])
+    assert (plain["step_overhead"], plain["plain_overhead"]) == (0.0, 0.0)
+    assert (charged["step_overhead"], charged["plain_overhead"]) == (0.5, 0.1)
+    expected = plan_tree(
+        read_acceptance(acc),
+        read_latency(Path(profile)),
+        0.3,
+        max_budget=16,
+        max_depth=16,
+        step_overhead=0.5,
+        plain_overhead=0.1,
+    )
+    assert charged["size"] == expected.size and charged["speedup"] == pytest.approx(expected.speedup)
+    assert charged["speedup"] < plain["speedup"]
 
 
 def test_a_profile_without_drafter_charges_no_draft_time_and_sizes_stay_within_the_measured(

@@ -202,6 +202,61 @@ def test_plan_tree_is_the_best_of_every_size_and_depth(acc, max_budget, max_dept
     assert all(a.speedup >= b.speedup for a, b in itertools.pairwise(plan.alternatives[1:]))
 
 
+@given(
+    acceptance_vectors(max_width=4),
+    st.integers(1, 10),
+    st.integers(0, 4),
+    st.floats(0, 1),
+    st.floats(0, 2),
+    st.floats(0, 1),
+)
+def test_plan_tree_with_overheads_is_the_best_of_every_size_and_depth(
+    acc, max_budget, max_depth, draft_time, step_overhead, plain_overhead
+):
+    # Oracle: a drafting step costs its passes plus step_overhead, plain decoding (n = 1, d = 0) t(1) plus
+    # plain_overhead, and the speedup is tokens per second against plain decoding's.
+    def verify(n):
+        return 1.0 + 0.1 * n
+
+    plan = plan_tree(
+        acc,
+        verify,
+        draft_time,
+        max_budget=max_budget,
+        max_depth=max_depth,
+        step_overhead=step_overhead,
+        plain_overhead=plain_overhead,
+    )
+    times = {}
+    for n in range(1, max_budget + 1):
+        for d in range(max_depth + 1):
+            solution = optimal_tree(acc, n, max_depth=d)
+            if solution.tree.size == n and solution.tree.depth == d:  # a shallower tree scores at its depth
+                overhead = step_overhead if d > 0 else plain_overhead
+                times[n, d] = (verify(n) + d * draft_time + overhead) / solution.expected_tokens
+    best_time = min(times.values())
+    chosen = (plan.tree.size, plan.tree.depth)
+    assert plan.time_per_token == pytest.approx(best_time, rel=1e-9)
+    assert all(time > best_time * (1 + TIE_TOLERANCE / 2) for pair, time in times.items() if pair < chosen)
+    assert plan.speedup == pytest.approx((verify(1) + plain_overhead) / best_time, rel=1e-9)
+    assert plan.speedup >= 1.0 - 1e-12  # plain decoding is always a candidate
+
+
+def test_a_step_overhead_beyond_every_gain_plans_plain_decoding():
+    # Sequoia's formula plans a 5-node tree here (2.05 tokens for 1.25 passes: 1.64x); a step overhead of one
+    # pass leaves no tree worth drafting (2.05 for 2.25: 0.91x), and as much overhead on plain decoding
+    # charges both sides alike (2 x 2.05 / 2.25: 1.82x).
+    acc = [0.5, 0.2]
+    plan = plan_tree(acc, {1: 1.0, 5: 1.05}, 0.1, max_budget=5, max_depth=2)
+    assert plan.size == 5 and plan.speedup == pytest.approx(2.05 / 1.25)
+    dear = plan_tree(acc, {1: 1.0, 5: 1.05}, 0.1, max_budget=5, max_depth=2, step_overhead=1.0)
+    assert dear.size == 1 and dear.speedup == 1.0
+    both = plan_tree(
+        acc, {1: 1.0, 5: 1.05}, 0.1, max_budget=5, max_depth=2, step_overhead=1.0, plain_overhead=1.0
+    )
+    assert both.size == 5 and both.speedup == pytest.approx(2.0 * 2.05 / 2.25)
+
+
 def test_plan_tree_breaks_an_exact_tie_towards_the_smaller_tree():
     # The reported flake: the 3-node star pays exactly for its draft pass (1 + sum(acc) tokens for
     # 1 + draft_time seconds), so it ties with the 1-node plan; rounding put either one ahead.
@@ -307,13 +362,16 @@ def test_free_verification_and_drafting_picks_the_largest_tree():
         ({"max_depth": -1}, "max_depth"),
         ({"convention": "levels"}, "convention"),
         ({"acc": [0.9, 0.2]}, "at most 1"),
+        ({"step_overhead": -0.1}, "step_overhead must be non-negative"),
+        ({"plain_overhead": float("inf")}, "plain_overhead must be a finite number"),
     ],
 )
 def test_plan_tree_rejects_bad_input(kwargs, message):
     arguments = {"acc": [0.6, 0.2], "target_time": {1: 1.0, 4: 1.1}, "draft_time": 0.1}
     arguments.update(kwargs)
     keywords = {"max_budget": kwargs.get("max_budget", 8), "max_depth": kwargs.get("max_depth", 3)}
-    if "convention" in kwargs:
-        keywords["convention"] = kwargs["convention"]
+    for name in ("convention", "step_overhead", "plain_overhead"):
+        if name in kwargs:
+            keywords[name] = kwargs[name]
     with pytest.raises(ValueError, match=message):
         plan_tree(arguments["acc"], arguments["target_time"], arguments["draft_time"], **keywords)
