@@ -1,8 +1,9 @@
 """The planned-tree rows of ``specbound bench``: forward costs, acceptance per child rank, and the plan.
 
 Sequoia's planner (Chen et al., NeurIPS 2024, arXiv 2402.12374, §4.1; :func:`theory.plan_tree`) chooses the
-tree size ``n`` and depth ``d`` maximising :math:`t(1)\\,G(n, d) / (t(n) + d\\,t_{draft})`, with ``G`` the
-expected tokens of Sequoia's optimal tree for the acceptance vector. Every input is measured in the run:
+tree size ``n`` and depth ``d`` maximising :math:`(t(1) + o_1)\\,G(n, d) / (t(n) + d\\,t_{draft} + o)`, with
+``G`` the expected tokens of Sequoia's optimal tree for the acceptance vector and :math:`o`, :math:`o_1` what a
+drafting and a plain decoding step spend beyond their passes. Every input is measured in the run:
 
 * **Target forward times** :math:`t(n)` (:func:`measure_forward`): :func:`experiments.profiling.profile_costs`
   -- the measurement of ``specbound profile`` -- one repeat at a time, round-robin over the dtypes, so that the
@@ -17,10 +18,16 @@ expected tokens of Sequoia's optimal tree for the acceptance vector. Every input
   both are timed in the run, inside real decoding, so drafters that need the target's features (the trained
   heads) are measured as they are used. The calibration decodes the bench's own prompts, untimed, before the
   timed rounds.
+* **Overheads** :math:`o` and :math:`o_1`: the same calibration decoding, and plain decoding of the same
+  prompts (:func:`plain_overhead`), with each step's target and drafter passes subtracted
+  (:class:`~experiments.apriori.run.StepClock`, as ``specbound validate`` measures them). Per temperature: a
+  sampled step draws and verifies where a greedy one takes an argmax. Sequoia's formula leaves them out; on
+  this CPU a sampled tree step spends 2-4 ms on them, a fifth of a compiled pass.
 
 :func:`plan_rows` writes, per dtype and drafter, the costs as a ``specbound profile`` document
 (``OUT.latency-DTYPE-D.json``) and, per temperature, the vector (``OUT.acceptance-DTYPE-TT-D.json``), so that
-``specbound plan-tree --acceptance A --latency L --budget B --max-depth D --max-width W`` reproduces each plan.
+``specbound plan-tree --acceptance A --latency L --budget B --max-depth D --max-width W --step-overhead O
+--plain-overhead O1`` reproduces each plan.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import time
 
 import numpy as np
 
-__all__ = ["measure_forward", "plan_rows", "rank_acceptance"]
+__all__ = ["measure_forward", "plain_overhead", "plan_rows", "rank_acceptance"]
 
 
 def measure_forward(models: dict, context: list[int], config, *, progress: bool = False):
@@ -65,31 +72,67 @@ def measure_forward(models: dict, context: list[int], config, *, progress: bool 
 
 
 class _TimedDrafter:
-    """Forwards everything to ``inner`` and records ``(number of nodes, seconds)`` of each draft call."""
+    """Forwards everything to ``inner`` and records ``(number of nodes, seconds)`` of each draft call;
+    ``drafting`` is true during one (a :class:`~experiments.apriori.run.StepClock` then leaves the target's
+    passes it makes, as an early exit's, to the drafter)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.calls: list[tuple[int, float]] = []
+        self.drafting = False
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def draft_logits(self, state, tree, nodes):
         start = time.perf_counter()
-        logits = self.inner.draft_logits(state, tree, nodes)
+        self.drafting = True
+        try:
+            logits = self.inner.draft_logits(state, tree, nodes)
+        finally:
+            self.drafting = False
         self.calls.append((len(nodes), time.perf_counter() - start))
         return logits
+
+
+def _decode_timed(model, decoder, prompts, tokens, drafter=None):
+    """Decode every prompt (seeded per prompt); returns the results and the seconds per step spent beyond the
+    target's and the drafter's passes (:class:`~experiments.apriori.run.StepClock`)."""
+    import torch
+
+    from experiments.apriori.run import StepClock
+
+    clock = StepClock(model, decoder, drafter)
+    try:
+        results = [
+            decoder.generate(prompt, tokens, generator=torch.Generator().manual_seed(10_000 + index))
+            for index, prompt in enumerate(prompts)
+        ]
+    finally:
+        clock.detach()
+    steps = sum(len(result.steps) for result in results)
+    drafting = sum(seconds for _, seconds in drafter.calls) if drafter is not None else 0.0
+    overhead = max(clock.step_seconds - clock.target_seconds - drafting, 0.0) / steps if steps else 0.0
+    return results, overhead
+
+
+def plain_overhead(model, prompts: list[list[int]], temperature: float, tokens: int) -> float:
+    """Seconds a plain decoding step spends beyond its forward pass (sampling, bookkeeping), measured on the
+    calibration prompts: what :func:`theory.plan_tree` adds to its baseline (``plain_overhead``)."""
+    from executor.decoders import AutoregressiveDecoder, Sampling
+
+    decoder = AutoregressiveDecoder(model, sampling=Sampling(temperature=temperature))
+    return _decode_timed(model, decoder, prompts, tokens)[1]
 
 
 def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float, width: int, tokens: int):
     """Acceptance per child rank and the drafter's costs, from the calibration tree (module docstring).
 
     Returns ``(acc, steps, costs)``: ``acc[k]`` = fraction of the ``steps`` decoding steps accepting the root's
-    ``(k+1)``-th child (``sum(acc) <= 1``); ``costs = {"token": [...], "level": [...]}`` the seconds of each
-    drafter call on the root and on a level of ``width`` nodes.
+    ``(k+1)``-th child (``sum(acc) <= 1``); ``costs = {"token": [...], "level": [...], "step_overhead": s}``
+    the seconds of each drafter call on the root and on a level of ``width`` nodes, and the seconds per step
+    beyond the target's and the drafter's passes (masks, probabilities, verification).
     """
-    import torch
-
     from executor.decoders import Sampling, TreeDecoder
 
     timed = _TimedDrafter(drafter)
@@ -98,8 +141,8 @@ def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float
         model, timed, tree=parents, verifier="rrs_wor", sampling=Sampling(temperature=temperature)
     )
     counts, steps = [0] * width, 0
-    for index, prompt in enumerate(prompts):
-        result = decoder.generate(prompt, tokens, generator=torch.Generator().manual_seed(10_000 + index))
+    results, overhead = _decode_timed(model, decoder, prompts, tokens, timed)
+    for result in results:
         for step in result.steps:
             steps += 1
             if len(step.accepted_path) > 1:
@@ -107,6 +150,7 @@ def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float
     costs = {
         "token": [s for n, s in timed.calls if n == 1],
         "level": [s for n, s in timed.calls if n == width and width > 1],
+        "step_overhead": overhead,
     }
     if width == 1:
         costs["level"] = list(costs["token"])
@@ -176,9 +220,11 @@ def plan_rows(
         from tqdm import tqdm
 
         jobs = tqdm(jobs, desc="acceptance per rank", unit="plan")
-    measured, costs = [], {}
+    measured, costs, plain = [], {}, {}
     for dtype, label, spec, temperature in jobs:
         model = targets[dtype][0]
+        if (dtype, temperature) not in plain:
+            plain[dtype, temperature] = plain_overhead(model, prompts, temperature, config.calibration_tokens)
         acc, steps, timed = rank_acceptance(
             model,
             parse_drafter(spec, model),
@@ -187,13 +233,13 @@ def plan_rows(
             config.plan_width,
             config.calibration_tokens,
         )
-        measured.append((dtype, label, spec, temperature, acc, steps))
+        measured.append((dtype, label, spec, temperature, acc, steps, timed["step_overhead"]))
         # The drafter's costs do not depend on the temperature: pooled over the temperatures.
         pooled = costs.setdefault((dtype, label), {"token": [], "level": []})
         pooled["token"] += timed["token"]
         pooled["level"] += timed["level"]
     plans, profiles = [], {}
-    for dtype, label, spec, temperature, acc, steps in measured:
+    for dtype, label, spec, temperature, acc, steps, step_overhead in measured:
         latency = f"{stem}.latency-{dtype}-{label}.json"
         if latency not in profiles:
             profiles[latency] = _profile(
@@ -210,6 +256,8 @@ def plan_rows(
             max_budget=config.plan_budget,
             max_depth=config.plan_depth,
             max_width=config.plan_width,
+            step_overhead=step_overhead,
+            plain_overhead=plain[dtype, temperature],
         )
         plans.append(
             {
@@ -224,9 +272,12 @@ def plan_rows(
                 "depth": plan.depth,
                 "expected_tokens": plan.expected_tokens,
                 "speedup": plan.speedup,
+                "step_overhead": step_overhead,
+                "plain_overhead": plain[dtype, temperature],
                 "command": f"specbound plan-tree --acceptance {acceptance} --latency {latency} "
                 f"--budget {config.plan_budget} --max-depth {config.plan_depth} "
-                f"--max-width {config.plan_width}",
+                f"--max-width {config.plan_width} --step-overhead {step_overhead!r} "
+                f"--plain-overhead {plain[dtype, temperature]!r}",
             }
         )
     return plans

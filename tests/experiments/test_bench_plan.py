@@ -1,18 +1,22 @@
 """experiments.bench_plan on tiny random models (seconds): the acceptance per rank has an exact oracle, the
-drafter's costs are timed per call, the forward costs interleave the dtypes, and the planned tree is what
-`specbound plan-tree` prints for the files the bench wrote.
+drafter's costs are timed per call, the overheads count what a step spends outside its passes, the forward
+costs interleave the dtypes, and the planned tree is what `specbound plan-tree` prints for the files the
+bench wrote.
 """
 
 import copy
 import json
+import time
 
 import pytest
 import torch
 
+from executor.decoders import AutoregressiveDecoder
 from executor.drafters import EarlyExitDrafter
 from executor.drafters.separate_model import ModelDrafter
+from executor.model import Transformer
 from experiments import bench_plan, profiling
-from experiments.bench_plan import measure_forward, plan_rows, rank_acceptance
+from experiments.bench_plan import measure_forward, plain_overhead, plan_rows, rank_acceptance
 from experiments.bench_rows import BenchConfig
 from experiments.cli import main
 from experiments.profiling import check_profile
@@ -38,6 +42,36 @@ def test_acceptance_per_rank_is_one_for_the_first_child_of_a_perfect_drafter(tem
     # Negative control: a different drafter (the first layer of the target) misses some steps.
     acc, _, _ = rank_acceptance(model, EarlyExitDrafter(model, 1), PROMPTS, temperature, width=3, tokens=10)
     assert acc[0] < 1.0 and sum(acc) <= 1.0 + 1e-12 and all(a >= 0 for a in acc)
+
+
+#: Injected delay per call (seconds), against a tiny model's ~1 ms of overhead per step.
+DELAY = 0.02
+
+
+def test_the_overheads_count_time_outside_the_passes_only(monkeypatch):
+    model = tiny()
+    assert plain_overhead(model, PROMPTS, 0.0, 6) < DELAY / 2
+    real_forward = Transformer.forward
+
+    def slow_forward(self, *args, **kwargs):
+        time.sleep(DELAY)
+        return real_forward(self, *args, **kwargs)
+
+    # Time inside the target's pass, and inside an early exit's draft passes through it, is not overhead.
+    monkeypatch.setattr(Transformer, "forward", slow_forward)
+    assert plain_overhead(model, PROMPTS, 0.0, 6) < DELAY / 2
+    _, _, costs = rank_acceptance(model, EarlyExitDrafter(model, 1), PROMPTS, 0.0, width=2, tokens=6)
+    assert 0 <= costs["step_overhead"] < DELAY / 2 and min(costs["token"]) >= DELAY
+    monkeypatch.setattr(Transformer, "forward", real_forward)
+    # Negative control: a step that waits outside its pass is charged the wait.
+    real_step = AutoregressiveDecoder.step
+
+    def slow_step(self, state, generator):
+        time.sleep(DELAY)
+        return real_step(self, state, generator)
+
+    monkeypatch.setattr(AutoregressiveDecoder, "step", slow_step)
+    assert plain_overhead(model, PROMPTS, 0.0, 6) >= DELAY
 
 
 def test_forward_costs_alternate_the_dtypes_round_by_round(monkeypatch):
