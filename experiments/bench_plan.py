@@ -8,7 +8,8 @@ drafting and a plain decoding step spend beyond their passes. Every input is mea
 * **Target forward times** :math:`t(n)` (:func:`measure_forward`): :func:`experiments.profiling.profile_costs`
   -- the measurement of ``specbound profile`` -- one repeat at a time, round-robin over the dtypes, so that the
   dtypes are compared under the same machine load (the bfloat16 / float32 ratio per ``n`` is reported; the
-  first round warms up and is dropped).
+  first round warms up and is dropped, and within each round every size runs once untimed before the timed
+  passes, since a pass right after the context's prefill is slow).
 * **Acceptance per child rank and the drafter's costs** (:func:`rank_acceptance`), as the Sequoia paper
   measures them: decode with a calibration tree whose root has ``W`` children, each with one child of its own;
   ``acc[k]`` is the fraction of steps that accept the root's ``(k+1)``-th child (the draft's top ``W`` at
@@ -57,7 +58,9 @@ def measure_forward(models: dict, context: list[int], config, *, progress: bool 
         rounds = tqdm(rounds, desc="forward costs", unit="round")
     for round_index in rounds:
         for dtype, model in models.items():
-            measured = profiling.profile_costs(model, context, sizes=sizes, repeats=1, warmup=0)
+            # Each call prefills the context first; the pass right after that ran 25-40% slow (t(1) 32 ms
+            # against 24 in decoding), so one untimed pass of every size comes between them.
+            measured = profiling.profile_costs(model, context, sizes=sizes, repeats=1, warmup=1)
             if round_index > 0:
                 for n, seconds in zip(sizes, measured["target"]["times"], strict=True):
                     samples[dtype][n].append(seconds)
