@@ -104,7 +104,7 @@ def _decode_timed(model, decoder, prompts, tokens, drafter=None):
     target's and the drafter's passes (:class:`~experiments.apriori.run.StepClock`)."""
     import torch
 
-    from experiments.apriori.run import StepClock
+    from experiments.apriori.run import StepClock, overhead_per_step
 
     clock = StepClock(model, decoder, drafter)
     try:
@@ -114,10 +114,13 @@ def _decode_timed(model, decoder, prompts, tokens, drafter=None):
         ]
     finally:
         clock.detach()
-    steps = sum(len(result.steps) for result in results)
-    drafting = sum(seconds for _, seconds in drafter.calls) if drafter is not None else 0.0
-    overhead = max(clock.step_seconds - clock.target_seconds - drafting, 0.0) / steps if steps else 0.0
-    return results, overhead
+    record = {
+        "steps": sum(len(result.steps) for result in results),
+        "step_seconds": clock.step_seconds,
+        "target_seconds": clock.target_seconds,
+        "draft_seconds": sum(seconds for _, seconds in drafter.calls) if drafter is not None else 0.0,
+    }
+    return results, overhead_per_step([record])
 
 
 def plain_overhead(model, prompts: list[list[int]], temperature: float, tokens: int) -> float:
