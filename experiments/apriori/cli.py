@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 HELP = (
     "calibrate on half of the prompts, predict every decoder's tau and speedup, run the other half, compare "
@@ -88,16 +87,6 @@ def parse_temperatures(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def check_writable(out: str, name: str = "--out") -> None:
-    """``ValueError`` naming ``name`` when the directory ``out`` cannot be created or written."""
-    try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
-            pass
-    except OSError as error:
-        raise ValueError(f"{name}: cannot write to {out}: {error.strerror or error}") from None
-
-
 def config_from_args(args):
     """The :class:`~experiments.apriori.run.AprioriConfig` of parsed arguments (checked, quick applied)."""
     from experiments.apriori.run import DECODER_NAMES, QUICK, AprioriConfig
@@ -167,7 +156,7 @@ def with_optimal_verifier(grid: tuple[tuple[str, int], ...]) -> tuple[tuple[str,
 
 def run(args) -> int:
     from experiments.apriori.run import run_apriori
-    from experiments.commands import set_torch_threads
+    from experiments.commands import check_writable, set_torch_threads
 
     config = config_from_args(args)
     check_writable(args.out)

@@ -1,5 +1,29 @@
 """One module per ``specbound`` sub-command; each defines ``HELP``, ``add_arguments(parser)`` and ``run(args)``."""
 
+import os
+import tempfile
+
+
+def check_writable(directory: str, name: str = "--out") -> None:
+    """``ValueError`` naming ``name`` when ``directory`` cannot be created or written to (it is created).
+
+    Every command that writes calls it (or :func:`check_writable_file`) before its work starts, so that a long
+    run never ends in a traceback about its output path.
+    """
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{name}: cannot write to {directory}: {error.strerror or error}") from None
+
+
+def check_writable_file(path: str, name: str) -> None:
+    """:func:`check_writable` for the directory of the output file ``path``; also refuses a directory."""
+    if os.path.isdir(path):
+        raise ValueError(f"{name}: {path} is a directory; give a file name")
+    check_writable(os.path.dirname(os.path.abspath(path)), name)
+
 
 def set_torch_threads(requested: int | None) -> int:
     """Set torch's CPU threads: ``requested``, or the cores this process may run on; returns the count.

@@ -129,7 +129,6 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from experiments import bench_plan, bench_rows
-    from experiments.apriori.cli import check_writable
     from experiments.bench import (
         checkpoint_path,
         greedy_divergences,
@@ -138,7 +137,7 @@ def run(args) -> int:
         summarise,
         write_report,
     )
-    from experiments.commands import compile_target, set_torch_threads
+    from experiments.commands import check_writable_file, compile_target, set_torch_threads
     from experiments.profiling import context_ids
     from experiments.prompts import prompt_set
 
@@ -150,7 +149,7 @@ def run(args) -> int:
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     config = config_from_args(args)
-    check_writable(os.path.dirname(os.path.abspath(args.out)))
+    check_writable_file(args.out, "--out")
     texts = prompt_set(args.prompt_set, args.prompts)  # a bad count fails before the models load
     threads = set_torch_threads(args.threads)
     settings = {

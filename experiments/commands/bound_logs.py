@@ -71,9 +71,9 @@ def run_logs(args: argparse.Namespace) -> int:
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     if args.out is not None:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out: {args.out!r} exists and is not a directory")
+        from experiments.commands import check_writable
+
+        check_writable(args.out)
     report = run_sharded(
         args.logs,
         ns,

@@ -28,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from experiments.commands import check_writable_file
     from experiments.logformat import LogError, LogShard, top_k_arrays, write_topk_log
 
+    check_writable_file(args.output, "OUT")
     if args.top_k < 1:
         raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
     if args.draft_top_k is not None and args.draft_top_k < 1:

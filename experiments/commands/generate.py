@@ -87,10 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from executor.generate import generate
-    from experiments.commands import set_torch_threads
+    from experiments.commands import check_writable_file, set_torch_threads
 
+    if args.log_top_k is not None and args.log_out is None:
+        raise ValueError("--log-top-k needs --log-out")
+    if args.log_top_k is not None and args.log_top_k < 1:
+        raise ValueError(f"--log-top-k must be at least 1, got {args.log_top_k}")
+    if args.log_out is not None:
+        check_writable_file(args.log_out, "--log-out")
     set_torch_threads(args.threads)
     result = generate(
         args.prompt,

@@ -96,11 +96,12 @@ def parse_options(settings: list[str]) -> dict:
 def run(args) -> int:
     import os
 
-    from experiments.commands import set_torch_threads
+    from experiments.commands import check_writable, set_torch_threads
     from experiments.methods_report import render_markdown
     from experiments.methods_run import run_methods
 
     config = config_from_args(args)
+    check_writable(args.out)
     set_torch_threads(args.threads)
     report = run_methods(config, args.out, restart=args.restart)
     print(render_markdown(report))

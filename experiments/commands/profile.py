@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from executor.drafters import default_drafter, parse_drafter
     from executor.files import write_json
     from executor.quantize import resolve_quantize
-    from experiments.commands import compile_target, set_torch_threads
+    from experiments.commands import check_writable_file, compile_target, set_torch_threads
     from experiments.profiling import (
         PROFILE_FORMAT,
         PROFILE_VERSION,
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     # Cheap checks first, before the model is loaded.
+    check_writable_file(args.out, "--out")
     sizes = power_of_two_sizes(args.max_size, "--max-size")
     widths = power_of_two_sizes(args.max_width, "--max-width")
     if args.context < 2:

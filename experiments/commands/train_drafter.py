@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     from executor.training.trainer import TrainConfig, train_drafter
     from executor.weights import load_model
-    from experiments.commands import set_torch_threads
+    from experiments.commands import check_writable, set_torch_threads
 
     if not args.minutes > 0:
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from executor.training.selfdistill import parse_self_corpus
 
     parse_self_corpus(args.corpus)  # a bad self:N fails before the model loads
+    if args.out is not None and not args.rank:
+        check_writable(args.out)
     set_torch_threads(args.threads)
     model, tokenizer = load_model(args.model, device="cpu", dtype=getattr(torch, args.dtype))
     if args.rank:
