@@ -116,6 +116,12 @@ def test_batch_reports_means_and_per_row_values(tmp_path, capsys):
         (["--p", "{p}", "--q", "{short}"], "share the vocabulary"),
         (["--p", "{p}", "--q", "{q}", "-n", "0"], "n must be at least 1"),
         (["--p", "{text}", "--q", "{q}"], "--p: cannot read"),
+        (["--example", "--out", "report"], "--out apply to --logs only"),
+        (["--example", "--workers", "0", "--no-progress"], "--workers, --no-progress apply to --logs only"),
+        (
+            ["--p", "{p}", "--q", "{q}", "--verifiers", "rrs", "--wor-low", "iid"],
+            "--verifiers, --wor-low apply",
+        ),
     ],
 )
 def test_errors_exit_with_status_two_and_a_one_line_message(tmp_path, capsys, arguments, message):
