@@ -206,6 +206,8 @@ def generation_distributions(results) -> tuple[np.ndarray, np.ndarray]:
     for result in results:
         for step in result.steps:
             log = step.distributions
+            if log is None and not step.expanded:  # a step that drafted nothing (a lookup without a match)
+                continue
             if log is None or log.kind != "full":
                 raise ValueError(
                     "--log-out needs the executor's full distribution logs (log_distributions='full')"

@@ -192,9 +192,15 @@ def test_generation_logs_are_written_from_the_executor_step_logs(tmp_path):
     assert LogShard.open(tmp_path / "top.npz").kind == "topk"
     with pytest.raises(ValueError, match="--log-top-k must be at least 1"):
         write_generation_log([result], tmp_path / "x.npz", top_k=0)
-    empty = GenerationResult([0], [3], [StepLog([1], [-1], [0], [3], [], [])], 1.0, 0.1)
-    with pytest.raises(ValueError, match="full distribution logs"):
+    nothing_drafted = StepLog([1], [-1], [0], [3], [], [])  # a lookup that found no match
+    mixed = GenerationResult([0], [3, 3, 2, 3], [nothing_drafted, *steps], 1.0, 0.1)
+    assert write_generation_log([mixed], tmp_path / "mixed.npz") == 5
+    empty = GenerationResult([0], [3], [nothing_drafted], 1.0, 0.1)
+    with pytest.raises(ValueError, match="drafted no position"):
         write_generation_log([empty], tmp_path / "x.npz")
+    unlogged = StepLog([1, 2], [-1, 0], [0], [3], [0], [False])
+    with pytest.raises(ValueError, match="full distribution logs"):
+        write_generation_log([GenerationResult([0], [3], [unlogged], 1.0, 0.1)], tmp_path / "x.npz")
 
 
 @pytest.mark.slow
