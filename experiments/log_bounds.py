@@ -60,20 +60,25 @@ def _bins(values, count: int) -> np.ndarray:
 def _full_values(p, q, names, vocab):
     """Exact per-row values of every quantity on full rows: ``{(name, n): values or None (not applicable)}``."""
     from theory import optimal_acceptance, verifier
+    from theory.draft_laws import acceptance_by_draft_count
 
     out = {}
     for name, n in names:
         if name == "overlap":
             out[name, n] = np.minimum(p, q).sum(axis=-1)
         elif name in DRAFTS:
-            out[name, n] = np.atleast_1d(optimal_acceptance(p, q, n, draft=name))
+            out[name, n] = acceptance_by_draft_count(
+                p, q, n, name, lambda p, q, k, law=name: optimal_acceptance(p, q, k, draft=law)
+            )
         elif name == "optimal":
             out[name, n] = out.get(("iid", n), np.atleast_1d(optimal_acceptance(p, q, n)))
         else:
             v = verifier(name)
             limit = v.max_exact_vocab(n)
             out[name, n] = (
-                None if limit is not None and vocab > limit else np.atleast_1d(v.acceptance(p, q, n))
+                None
+                if limit is not None and vocab > limit
+                else acceptance_by_draft_count(p, q, n, v.draft, v.acceptance)
             )
     return out
 

@@ -27,9 +27,16 @@ import itertools
 import numpy as np
 
 from theory.checks import as_choice, as_count, as_distribution
-from theory.verifier_table import DRAFT_LAWS, check_draft_count
+from theory.verifier_table import DRAFT_LAW_TABLE, DRAFT_LAWS, check_draft_count
 
-__all__ = ["DRAFT_LAWS", "check_draft_law", "enumerate_drafts", "sample_drafts", "top_tokens"]
+__all__ = [
+    "DRAFT_LAWS",
+    "acceptance_by_draft_count",
+    "check_draft_law",
+    "enumerate_drafts",
+    "sample_drafts",
+    "top_tokens",
+]
 
 
 def check_draft_law(q, n, draft: str) -> tuple[np.ndarray, int]:
@@ -133,3 +140,20 @@ def sample_drafts(q, n, draft: str, rng: np.random.Generator) -> np.ndarray:
     rest = q.copy()
     rest[hub] = 0.0
     return np.array([hub, rng.choice(vocab, p=rest / rest.sum())], dtype=np.int64)
+
+
+def acceptance_by_draft_count(p, q, n: int, draft: str, acceptance) -> np.ndarray:
+    """``acceptance(p, q, k)`` per row, with ``k = min(n, |supp q|)`` rows for a law of distinct drafts.
+
+    A row of ``q`` with fewer tokens than ``n`` (a prompt-lookup drafter's one-hot ``q``) yields all of them,
+    as the executor's tree decoder drafts it; ``k = 1`` is speculative sampling, :math:`\\sum_y \\min(p_y, q_y)`,
+    whichever verifier was named. ``p``, ``q``: ``(rows, V)``; other laws call ``acceptance(p, q, n)`` once.
+    """
+    if not DRAFT_LAW_TABLE[draft].distinct:
+        return np.atleast_1d(acceptance(p, q, n))
+    counts = np.minimum(n, np.count_nonzero(q, axis=-1))
+    out = np.empty(len(p))
+    for k in np.unique(counts):
+        rows = counts == k
+        out[rows] = np.minimum(p[rows], q[rows]).sum(-1) if k == 1 else acceptance(p[rows], q[rows], int(k))
+    return out

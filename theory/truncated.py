@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from theory.checks import as_choice, as_count
+from theory.draft_laws import acceptance_by_draft_count
 from theory.multidraft import _ratio_order, _sorted, _wor_inclusion
 
 __all__ = [
@@ -425,7 +426,9 @@ def optimal_acceptance_interval(
     exact_high = np.zeros(len(s), dtype=bool)
     complete = s.complete
     if complete.any():  # the log determines the row: one exact value at both ends
-        low[complete] = high[complete] = _sorted(*_padded(s.p[complete], s.q[complete], n + 1), n, draft)
+        low[complete] = high[complete] = acceptance_by_draft_count(
+            s.p[complete], s.q[complete], n, draft, lambda p, q, k: _sorted(*_padded(p, q, k + 1), k, draft)
+        )
     exact_low |= complete
     exact_high |= complete
     high = np.maximum(high, low)  # round-off only: the bounds are ordered

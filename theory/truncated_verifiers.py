@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from theory.checks import as_choice, as_count
+from theory.draft_laws import acceptance_by_draft_count
 from theory.truncated import (
     TRUNCATED_QUANTITIES,
     Interval,
@@ -276,7 +277,9 @@ def verifier_acceptance_interval(
         complete = np.zeros_like(complete)
     exact_high = complete.copy()
     if complete.any():
-        exact = verifier(name).acceptance(_dense(s, complete), _dense(s, complete, "q"), n)
+        exact = acceptance_by_draft_count(
+            _dense(s, complete), _dense(s, complete, "q"), n, verifier(name).draft, verifier(name).acceptance
+        )
         lower[complete] = upper[complete] = exact
         exact_low |= complete
     return Interval(lower, np.maximum(upper, lower), exact_low, exact_high)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.goodness_of_fit import law_p_value
-from theory.draft_laws import enumerate_drafts, sample_drafts, top_tokens
+from theory.draft_laws import acceptance_by_draft_count, enumerate_drafts, sample_drafts, top_tokens
 
 Q = np.array([0.4, 0.3, 0.2, 0.1, 0.0])
 
@@ -144,3 +144,26 @@ def test_sampling_check_detects_a_wrong_without_replacement_order():
 def test_bad_input_is_rejected_naming_the_argument(q, n, draft, message):
     with pytest.raises(ValueError, match=message):
         enumerate_drafts(q, n, draft)
+
+
+@given(
+    st.lists(draft_distributions(max_vocab=5), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.sampled_from(["iid", "wor", "greedy"]),
+)
+def test_rows_with_fewer_tokens_than_n_are_scored_with_all_of_their_tokens(rows, n, draft):
+    """acceptance_by_draft_count: row by row, the named law's acceptance at k = min(n, |supp q|) for a law of
+    distinct drafts (k = n for i.i.d.), with one draft being speculative sampling's sum min(p, q)."""
+    from theory import verifier
+
+    vocab = 5
+    q = np.array([np.pad(row, (0, vocab - len(row))) for row in rows])
+    p = np.roll(q, 1, axis=1) * 0.5 + 0.5 / vocab
+    name = {"iid": "rrs", "wor": "rrs_wor", "greedy": "greedy"}[draft]
+    scores = acceptance_by_draft_count(p, q, n, draft, verifier(name).acceptance)
+    for row, score in zip(range(len(q)), scores, strict=True):
+        k = n if draft == "iid" else min(n, int(np.count_nonzero(q[row])))
+        expected = (
+            np.minimum(p[row], q[row]).sum() if k == 1 else verifier(name).acceptance(p[row], q[row], k)
+        )
+        assert score == pytest.approx(float(expected), abs=1e-12)
