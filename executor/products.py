@@ -16,7 +16,9 @@ docs/benchmarks/model_forward.md): 1 row 24.3 ms against 37.3, 4 rows 31.6 again
 
 Its results do not depend on how many rows share a call (each output row is bitwise the one-row product), so
 an n-token verification pass projects exactly as n one-token passes do; they differ from ``F.linear`` by
-summation order only (float round-off, ~1e-6 relative).
+summation order only (float round-off, ~1e-6 relative). (Where a native kernel runs, products of many rows go
+to oneDNN if it measured faster for them, :func:`_onednn_from_rows`; those rows differ from one-row products by
+round-off.)
 
 The blocked copy of each weight lives in a weak table keyed on the weight tensor itself: made on first use (or
 ahead of it by :func:`prepack`), made again when the weight changes in place (its ``Tensor._version``) or its
@@ -41,7 +43,9 @@ a pass, 4 or 6, is measured once per CPU and build: :func:`_native_group`). Ther
 cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token took 7.4 ms in bfloat16 against
 12.6 on oneDNN's packed weights for one row (11.4 against 13.8 for 8 rows), and 16.6 against 23.9 in float32
 (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
-how many share a call. Each kernel is compiled with ``torch.utils.cpp_extension`` on first use (10-30 s once per
+how many share a call. A kernel passes over the weights once per 8 rows, so from a row count measured once per
+CPU (:func:`_onednn_from_rows`; 9 in bfloat16 and 32 in float32 on an Intel Xeon with AMX, whose tiles
+multiply 9-64 rows in about the time of one) oneDNN's packed product runs instead. Each kernel is compiled with ``torch.utils.cpp_extension`` on first use (10-30 s once per
 machine, cached by torch; needs a C++ compiler and ninja) and checked on a probe product; where either fails,
 one line says why and oneDNN runs. ``SPECBOUND_NATIVE=0`` turns them off.
 """
@@ -246,12 +250,14 @@ def _load_native(dtype: torch.dtype):
         ):
             raise RuntimeError("its probe product disagrees with float64")
         group = _native_group(operator, dtype, cache=build / "group.json")
+        onednn_rows = _onednn_from_rows(operator, dtype, group, cache=build / "rows.json")
         raw = operator
 
         def operator(x, packed, out_features):
             return raw(x, packed, out_features, group)
 
         operator.group = group
+        operator.onednn_rows = onednn_rows
     except Exception as error:  # no source, compiler or ninja, a failed probe: oneDNN's product instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"specbound: the {label} is unavailable ({reason}); using oneDNN", file=sys.stderr)
@@ -275,15 +281,33 @@ def _native_group(operator, dtype: torch.dtype, repeats: int = 5, cache: Path | 
         if forced not in {str(g) for g in NATIVE_GROUPS}:
             raise ValueError(f"SPECBOUND_NATIVE_GROUP must be one of {NATIVE_GROUPS}, got {forced!r}")
         return int(forced)
+    return _measured_for_this_cpu(
+        cache, "group", lambda: _measure_group(operator, dtype, repeats), lambda value: value in NATIVE_GROUPS
+    )
+
+
+def _measured_for_this_cpu(cache: Path | None, key: str, measure, valid):
+    """``measure()``'s ``(value, seconds)``'s value, kept in the JSON ``cache`` under ``key`` for this CPU (named by
+    its model and flags): a cache of another CPU, an invalid value or an unreadable file is measured again."""
     cpu = _cpuinfo()
     identity = hashlib.sha256(f"{cpu.get('model name')}|{cpu.get('flags')}".encode()).hexdigest()[:16]
     if cache is not None:
         try:
             saved = json.loads(cache.read_text())
-            if saved.get("cpu") == identity and saved.get("group") in NATIVE_GROUPS:
-                return saved["group"]
+            if saved.get("cpu") == identity and key in saved and valid(saved[key]):
+                return saved[key]
         except (OSError, ValueError, AttributeError):  # none yet, or unreadable: measure again
             pass
+    value, seconds = measure()
+    if cache is not None:
+        try:
+            write_json({"cpu": identity, key: value, "seconds": seconds}, cache)
+        except OSError:  # a read-only build directory: the next process measures again
+            pass
+    return value
+
+
+def _measure_group(operator, dtype: torch.dtype, repeats: int):
     generator = torch.Generator().manual_seed(0)
     packed = [
         (_native_copy(torch.randn(shape, generator=generator).to(dtype)), shape) for shape in TUNING_SHAPES
@@ -306,12 +330,66 @@ def _native_group(operator, dtype: torch.dtype, repeats: int = 5, cache: Path | 
     for group in NATIVE_GROUPS[1:]:
         if medians[group] < 0.98 * medians[best]:
             best = group
-    if cache is not None:
-        try:
-            write_json({"cpu": identity, "group": best, "seconds": medians}, cache)
-        except OSError:  # a read-only build directory: the next process measures again
-            pass
-    return best
+    return best, medians
+
+
+#: Row counts at which :func:`_onednn_from_rows` times the native kernel against oneDNN's packed product.
+ROW_CANDIDATES = (9, 16, 32, 64)
+
+
+def _onednn_from_rows(operator, dtype: torch.dtype, group: int, repeats: int = 3, cache: Path | None = None):
+    """From how many rows of activations oneDNN's packed product is faster than the ``dtype`` kernel: the
+    smallest of :data:`ROW_CANDIDATES` from which oneDNN is 2% faster at every larger candidate too, or ``None``
+    (the native kernel always). ``SPECBOUND_ONEDNN_ROWS`` (an integer >= 2, or ``never``) sets it instead.
+
+    The native kernel passes over the weights once per 8 rows, oneDNN once; where oneDNN multiplies on AMX tiles
+    it runs 9-64 rows in about the time of one (Intel Xeon with AMX, bfloat16, the 121 products of SmolLM2:
+    64 rows 28.6 ms against 101 native, 9 rows 20.1 against 23.5; 8 rows 20.9 against 19.9), so prefills and
+    trees of more than 8 tokens run there. Timed on :data:`TUNING_SHAPES`, interleaved, medians of ``repeats``
+    after one warm-up round; kept in ``cache`` for this CPU like the group size (about 1 s once).
+    """
+    forced = os.environ.get("SPECBOUND_ONEDNN_ROWS")
+    if forced is not None:
+        if forced == "never":
+            return None
+        if not forced.isdigit() or int(forced) < 2:
+            raise ValueError(f"SPECBOUND_ONEDNN_ROWS must be an integer >= 2 or 'never', got {forced!r}")
+        return int(forced)
+    if not packing_available():
+        return None
+    return _measured_for_this_cpu(
+        cache,
+        "onednn_rows",
+        lambda: _measure_onednn_rows(operator, dtype, group, repeats),
+        lambda value: value is None or (isinstance(value, int) and value >= 2),
+    )
+
+
+def _measure_onednn_rows(operator, dtype: torch.dtype, group: int, repeats: int):
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(shape, generator=generator).to(dtype) for shape in TUNING_SHAPES]
+    native = [_native_copy(w) for w in weights]
+    blocked = [torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT) for w in weights]
+    widths = {w.shape[1] for w in weights}
+    inputs = {k: torch.randn(max(ROW_CANDIDATES), k, generator=generator).to(dtype) for k in widths}
+    times = {(rows, kind): [] for rows in ROW_CANDIDATES for kind in ("native", "onednn")}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for rows in ROW_CANDIDATES:
+                start = time.perf_counter()
+                for weight, packed in zip(weights, native, strict=True):
+                    operator(inputs[weight.shape[1]][:rows], packed, weight.shape[0], group)
+                times[rows, "native"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                for weight, copy in zip(weights, blocked, strict=True):
+                    _LINEAR_POINTWISE(inputs[weight.shape[1]][:rows], copy, None, "none", [], "")
+                times[rows, "onednn"].append(time.perf_counter() - start)
+    medians = {f"{rows} {kind}": statistics.median(values[1:]) for (rows, kind), values in times.items()}
+    faster = [medians[f"{rows} onednn"] < 0.98 * medians[f"{rows} native"] for rows in ROW_CANDIDATES]
+    start = len(faster)
+    while start > 0 and faster[start - 1]:
+        start -= 1
+    return (ROW_CANDIDATES[start] if start < len(faster) else None), medians
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -375,15 +453,18 @@ def prepack(*weights: torch.Tensor) -> None:
         with torch.no_grad():
             if not packing_applies(weight[:1], weight):
                 continue
-        if _native_op_for(weight) is not None:
+        operator = _native_op_for(weight)
+        if operator is not None:
             _native_copy(weight)
-        else:
+        if operator is None or operator.onednn_rows is not None:
             _blocked_copy(weight)
 
 
 def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     operator = _native_op_for(weight)
-    if operator is not None:
+    if operator is not None and (
+        operator.onednn_rows is None or x.numel() < operator.onednn_rows * x.shape[-1]
+    ):
         return operator(x, _native_copy(weight), weight.shape[0])
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.

@@ -4,6 +4,7 @@ serves autograd."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import time
@@ -57,6 +58,22 @@ def native_operands(dtype, n, rows, columns, seed):
 native_dtypes = pytest.mark.parametrize(
     "dtype", [native_kernel(torch.bfloat16), native_kernel(torch.float32)], ids=["bfloat16", "float32"]
 )
+
+
+@contextlib.contextmanager
+def onednn_from(dtype, rows):
+    """The native kernel of ``dtype`` (where it runs) hands products of ``rows`` rows or more to oneDNN (``None``:
+    never) for the duration."""
+    operator = products._native_op(dtype)
+    if operator is None:
+        yield
+        return
+    saved = operator.onednn_rows
+    operator.onednn_rows = rows
+    try:
+        yield
+    finally:
+        operator.onednn_rows = saved
 
 
 def float32_copies():
@@ -121,11 +138,12 @@ def test_packed_bfloat16_product_is_the_exact_product_rounded_once(n, rows, colu
 @needs_onednn
 @given(n=st.integers(2, 40), seed=seeds)
 def test_packed_rows_are_bitwise_the_one_row_products(dtype, n, seed):
-    # What makes an n-token verification pass project exactly as n one-token passes.
+    # What makes an n-token verification pass project exactly as n one-token passes, below the row count from
+    # which oneDNN takes over from a native kernel (that one is measured per CPU; here it is set above n).
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 96, generator=generator).to(dtype)
     weight = torch.randn(300, 96, generator=generator).to(dtype)
-    with torch.no_grad():
+    with torch.no_grad(), onednn_from(dtype, n + 1):
         together = packed_linear(x, weight)
         alone = torch.cat([packed_linear(x[i : i + 1], weight) for i in range(n)])
     assert torch.equal(together, alone)
@@ -290,6 +308,99 @@ def test_the_kernels_refuse_another_group_size(dtype):
     weight = torch.randn(16, 8).to(dtype)
     with pytest.raises(RuntimeError, match="group must be 4 or 6"):
         raw_native_op(dtype)(torch.randn(1, 8).to(dtype), products._native_copy(weight), 16, 5)
+
+
+@native_dtypes
+@needs_onednn
+@pytest.mark.parametrize("n", [8, 9, 40])
+def test_from_the_onednn_row_count_products_run_on_onednn_and_stay_exact_up_to_rounding(dtype, n):
+    x, weight = native_operands(dtype, n, 300, 96, seed=n)
+    exact = x.double() @ weight.double().T
+    with torch.no_grad(), onednn_from(dtype, 9):
+        result = packed_linear(x, weight)
+    assert (weight in products._PACKED) == (n >= 9)  # oneDNN's blocked copy exists once oneDNN ran
+    assert (weight in products._PACKED_NATIVE) == (n < 9)
+    scale = x.double().abs() @ weight.double().abs().T
+    rounding = 2**-8 if dtype == torch.bfloat16 else 0.0
+    assert ((result.double() - exact).abs() <= rounding * exact.abs() + 2**-18 * scale).all()
+
+
+@native_dtypes
+@needs_onednn
+def test_prepack_makes_both_copies_where_onednn_takes_large_row_counts(dtype, monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 16)
+    weight = torch.randn(48, 64).to(dtype)
+    for rows, copies in ((None, {"native"}), (9, {"native", "onednn"})):
+        fresh = weight.clone()
+        with onednn_from(dtype, rows):
+            products.prepack(fresh)
+        made = {
+            name
+            for name, table in (("native", products._PACKED_NATIVE), ("onednn", products._PACKED))
+            if fresh in table
+        }
+        assert made == copies
+
+
+def timed_kernels(monkeypatch, slow_native_from=None, slow_onednn_at=()):
+    """A fake native kernel and a fake oneDNN product, each 0.2 ms slower a product at the row counts given:
+    the native one from ``slow_native_from`` rows on, oneDNN at ``slow_onednn_at``."""
+
+    def wait():
+        end = time.perf_counter() + 2e-4
+        while time.perf_counter() < end:
+            pass
+
+    def native(x, packed, out_features, group):
+        if slow_native_from is not None and x.shape[0] >= slow_native_from:
+            wait()
+
+    def onednn(x, packed, bias, *args):
+        if x.shape[0] in slow_onednn_at:
+            wait()
+
+    monkeypatch.setattr(products, "TUNING_SHAPES", [(32, 8)] * 3)
+    monkeypatch.setattr(products, "_LINEAR_POINTWISE", onednn)
+    monkeypatch.delenv("SPECBOUND_ONEDNN_ROWS", raising=False)
+    return native
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("slow_native_from", "slow_onednn_at", "expected"),
+    [
+        (16, (9,), 16),  # oneDNN faster from 16 rows on
+        (9, (), 9),
+        (None, (9, 16, 32, 64), None),  # never faster
+        (9, (16,), 32),  # faster at 9 but not at 16: only from 32 on does it stay faster
+    ],
+)
+def test_onednn_takes_over_from_the_row_count_where_it_stays_faster(
+    monkeypatch, slow_native_from, slow_onednn_at, expected
+):
+    native = timed_kernels(monkeypatch, slow_native_from, slow_onednn_at)
+    assert products._onednn_from_rows(native, torch.float32, 4) == expected
+
+
+@needs_onednn
+def test_the_onednn_row_count_can_be_set_and_is_kept_for_this_cpu(monkeypatch, tmp_path):
+    native = timed_kernels(monkeypatch, slow_native_from=16, slow_onednn_at=(9,))
+    monkeypatch.setattr(products, "_cpuinfo", lambda: {"model name": "A", "flags": "avx512f"})
+    cache = tmp_path / "rows.json"
+    assert products._onednn_from_rows(native, torch.float32, 4, cache=cache) == 16
+    never = timed_kernels(monkeypatch, slow_native_from=None, slow_onednn_at=(9, 16, 32, 64))
+    assert products._onednn_from_rows(never, torch.float32, 4, cache=cache) == 16  # kept
+    monkeypatch.setattr(products, "_cpuinfo", lambda: {"model name": "B", "flags": "avx512f"})
+    assert products._onednn_from_rows(never, torch.float32, 4, cache=cache) is None  # another CPU
+    assert products._onednn_from_rows(native, torch.float32, 4, cache=cache) is None  # None is kept too
+    monkeypatch.setenv("SPECBOUND_ONEDNN_ROWS", "12")
+    assert products._onednn_from_rows(never, torch.float32, 4) == 12
+    monkeypatch.setenv("SPECBOUND_ONEDNN_ROWS", "never")
+    assert products._onednn_from_rows(native, torch.float32, 4) is None
+    for bad in ("1", "x", "-3"):
+        monkeypatch.setenv("SPECBOUND_ONEDNN_ROWS", bad)
+        with pytest.raises(ValueError, match="SPECBOUND_ONEDNN_ROWS must be an integer >= 2 or 'never'"):
+            products._onednn_from_rows(native, torch.float32, 4)
 
 
 def fake_kernel(slow_group, calls=None):
