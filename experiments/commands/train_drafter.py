@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="float32",
         choices=["float32", "bfloat16"],
-        help="target dtype for the feature prefill (default float32: batched CPU matmuls are fastest in it)",
+        help="precision of the target's weights (default float32); bfloat16 rounds them first, as a bfloat16 "
+        "target holds them. Features and training are computed in float32 either way, and the feature cache "
+        "and checkpoint key do not depend on it: a head serves the model in both dtypes",
     )
     parser.add_argument("--out", default=None, help="checkpoint directory (default: the XDG cache, keyed)")
     parser.add_argument(
