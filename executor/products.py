@@ -45,9 +45,10 @@ cost of ~20-25 us a call and no horizontal sum: SmolLM2's 121 products a token t
 (AMD EPYC Zen 4, 2 threads, idle). Each output is one sum in a fixed order, so rows stay bitwise independent of
 how many share a call. A kernel passes over the weights once per 8 rows, so from a row count measured once per
 CPU (:func:`_onednn_from_rows`; 9 in bfloat16 and 32 in float32 on an Intel Xeon with AMX, whose tiles
-multiply 9-64 rows in about the time of one) oneDNN's packed product runs instead. Each kernel is compiled with ``torch.utils.cpp_extension`` on first use (10-30 s once per
-machine, cached by torch; needs a C++ compiler and ninja) and checked on a probe product; where either fails,
-one line says why and oneDNN runs. ``SPECBOUND_NATIVE=0`` turns them off.
+multiply 9-64 rows in about the time of one) oneDNN's packed product runs instead. Each kernel is compiled
+with ``torch.utils.cpp_extension`` on first use (10-30 s once per machine, cached by torch; needs a C++
+compiler and ninja) and checked on a probe product; where either fails, one line says why and oneDNN runs.
+``SPECBOUND_NATIVE=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -381,8 +382,8 @@ def _measure_onednn_rows(operator, dtype: torch.dtype, group: int, repeats: int)
                     operator(inputs[weight.shape[1]][:rows], packed, weight.shape[0], group)
                 times[rows, "native"].append(time.perf_counter() - start)
                 start = time.perf_counter()
-                for weight, copy in zip(weights, blocked, strict=True):
-                    _LINEAR_POINTWISE(inputs[weight.shape[1]][:rows], copy, None, "none", [], "")
+                for weight, reordered in zip(weights, blocked, strict=True):
+                    _LINEAR_POINTWISE(inputs[weight.shape[1]][:rows], reordered, None, "none", [], "")
                 times[rows, "onednn"].append(time.perf_counter() - start)
     medians = {f"{rows} {kind}": statistics.median(values[1:]) for (rows, kind), values in times.items()}
     faster = [medians[f"{rows} onednn"] < 0.98 * medians[f"{rows} native"] for rows in ROW_CANDIDATES]
