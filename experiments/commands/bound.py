@@ -160,18 +160,9 @@ def run(args: argparse.Namespace) -> int:
         from experiments.commands.bound_logs import run_logs
 
         return run_logs(args)
-    given = [
-        option
-        for option, value in (
-            ("--workers", args.workers is not None),
-            ("--scheduler", args.scheduler is not None),
-            ("--out", args.out is not None),
-            ("--verifiers", args.verifiers is not None),
-            ("--wor-low", args.wor_low != "dust"),
-            ("--no-progress", args.no_progress),
-        )
-        if value
-    ]
+    from experiments.commands.bound_logs import log_options_given
+
+    given = log_options_given(args)
     if given:
         raise ValueError(f"{', '.join(given)} apply to --logs only; a single pair prints its table")
     if args.n is None:

@@ -49,6 +49,18 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def log_options_given(args: argparse.Namespace) -> list[str]:
+    """The options of :func:`add_log_arguments` other than ``--logs`` that ``args`` sets away from their
+    defaults, read from the group itself so that a new option is covered too."""
+    parser = argparse.ArgumentParser()
+    add_log_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    defaults.pop("logs")
+    return [
+        "--" + dest.replace("_", "-") for dest, default in defaults.items() if getattr(args, dest) != default
+    ]
+
+
 def run_logs(args: argparse.Namespace) -> int:
     from experiments.log_bounds import DRAFTS, VERIFIERS
     from experiments.log_report import plot, render_markdown
