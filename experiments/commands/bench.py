@@ -286,14 +286,14 @@ def _llamacpp(config, threads: int, prompts, max_new_tokens: int, targets):
 
     plain, compile_seconds = {}, {}
     if 0.0 in config.temperatures and "float32" in targets:
-        plain, compile_seconds = _plain_targets(config, targets["float32"][0])
+        plain, compile_seconds = _plain_targets(config)
     runners = bench_rows.llamacpp_runners(config, load, plain_targets=plain)
     for weights in config.peer_weights:  # the profiled models: logits for every position, as lookup runs
         load(weights, max(config.lookups))
     return llms, runners, compile_seconds
 
 
-def _plain_targets(config, float32_target):
+def _plain_targets(config):
     """Our extra plain-decoding targets next to llama.cpp: ``ar-int8`` and ``ar-q4_1`` (float32 activations;
     compiled with ``--compile``) and, with ``--compile``, eager twins ``ar-eager``, ``ar-int8-eager``,
     ``ar-q4_1-eager``. Returns ``({row name: model}, {row name: compile seconds})``."""
