@@ -330,25 +330,53 @@ def _verify_naive(p, q, drafts, generator):
     return torch.where(accept, first, _draw(_residual(p, q), generator))
 
 
+def _shifted_residual(p: torch.Tensor, q: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``(p - shift q)_+``: RRS's residual after rejections, unnormalised (:func:`_recursive_rejection`)."""
+    return torch.addcmul(p, q, shift, value=-1.0).clamp_min_(0.0)
+
+
+def _mass(weights: torch.Tensor) -> torch.Tensor:
+    return weights.sum(dim=-1, keepdim=True)
+
+
 def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
-    """RRS: test draft ``i`` against the running residual ``p_i``; on rejection ``p_{i+1} = norm((p_i -
-    q_i)_+)``. Without replacement, ``q_{i+1}`` is ``q_i`` with the rejected draft zeroed and renormalised."""
-    p_i, q_i = p, q
-    token = torch.full(drafts.shape[:-1], -1, dtype=torch.int64, device=p.device)
-    done = torch.zeros(drafts.shape[:-1], dtype=torch.bool, device=p.device)
+    r"""RRS: test draft ``i`` against the running residual ``p_i``; on rejection ``p_{i+1} = norm((p_i -
+    q_i)_+)``. Without replacement, ``q_{i+1}`` is ``q_i`` with the rejected draft zeroed and renormalised.
+
+    The residuals are not formed one from the other: by induction :math:`p_i \propto w_i = (p - s_i q)_+` with
+    :math:`s_1 = 0` and :math:`s_{i+1} = s_i + N_i / c_i`, where :math:`N_i = \sum w_i` and :math:`c_i` is the
+    mass ``q_i`` was renormalised by (1 for i.i.d. drafts), because :math:`w_i / N_i - q / c_i` is positive
+    exactly where ``p > s_{i+1} q`` (where :math:`w_i = 0` it is at most :math:`-q / c_i`). Without
+    replacement a drafted token leaves ``q_{i+1}``, but its entry needs no memory of that: it was rejected, so
+    :math:`p_i(x_i) < q_i(x_i)` (otherwise it is accepted surely), and its residual is 0 from then on whatever
+    ``q`` holds there. Draft ``i`` is accepted iff :math:`u\, q(x_i) N_i < w_i(x_i)\, c_i`, i.e. :math:`u\, q_i(x_i) <
+    p_i(x_i)`. Each rejection costs one fused pass and one sum over the vocabulary, none of them a division.
+    """
+    rows = drafts.shape[:-1]
+    token = torch.full(rows, -1, dtype=torch.int64, device=p.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=p.device)
     uniforms = _uniform(drafts.shape, p, generator)
+    weights, mass = p, torch.ones((*rows, 1), dtype=p.dtype, device=p.device)  # rows of p sum to 1
+    shift = torch.zeros_like(mass)
+    kept = scale = None  # without replacement: q with the drafts so far zeroed, and its mass c_i
+    if without_replacement:
+        kept, scale = q.clone(), torch.ones_like(mass)
     for i in range(drafts.shape[-1]):
         draft = drafts[..., i]
-        accept = ~done & _accepts(uniforms[..., i], _at(p_i, draft), _at(q_i, draft))
+        numerator = _at(weights, draft) if scale is None else _at(weights, draft) * scale[..., 0]
+        accept = ~done & _accepts(uniforms[..., i], numerator, _at(q, draft) * mass[..., 0])
         token = torch.where(accept, draft, token)
         done |= accept
         if bool(done.all()):  # the residuals after an acceptance are never sampled
             return token
-        p_i = _residual(p_i, q_i)
-        if without_replacement:
-            remaining = q_i.scatter(-1, draft.unsqueeze(-1), 0.0)
-            q_i = _normalised_or_target(remaining, remaining)  # all-zero only after the last draft
-    return torch.where(done, token, _draw(p_i, generator))
+        shift = shift + (mass if scale is None else mass / scale)
+        weights = _shifted_residual(p, q, shift)
+        if kept is not None:
+            kept.scatter_(-1, draft.unsqueeze(-1), 0.0)
+            scale = _mass(kept)  # summed over the tokens left, not 1 - q(drafts): no cancellation
+        mass = _mass(weights)
+    # A residual of mass 0 is never reached (its rejection has probability 0): the target stands in.
+    return torch.where(done, token, _draw(torch.where(mass > 0, weights, p), generator))
 
 
 def _verify_rrs(p, q, drafts, generator):

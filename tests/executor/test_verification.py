@@ -161,7 +161,10 @@ def test_negative_control_ratio_q_over_p_is_caught(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["naive", "rrs", "rrs_wor"])
 def test_negative_control_resampling_the_target_after_rejection_is_caught(name, monkeypatch):
-    monkeypatch.setattr(verification, "_residual", lambda p, q: p)
+    if name == "naive":
+        monkeypatch.setattr(verification, "_residual", lambda p, q: p)
+    else:  # RRS forms its residuals as (p - shift q)_+
+        monkeypatch.setattr(verification, "_shifted_residual", lambda p, q, shift: p.clone())
     p, q, n = CASES[CONTROL_CASE]
     _, _, tokens = draw_and_verify(name, p, q, n)
     assert law_p_value(np.bincount(tokens, minlength=p.size), p) < CONTROL_P_VALUE
@@ -170,7 +173,7 @@ def test_negative_control_resampling_the_target_after_rejection_is_caught(name, 
 # Only RRS feeds a residual into later accept ratios; elsewhere it is only sampled, where scale is harmless.
 @pytest.mark.parametrize("name", ["rrs", "rrs_wor"])
 def test_negative_control_unnormalised_residual_is_caught(name, monkeypatch):
-    monkeypatch.setattr(verification, "_normalised_or_target", lambda weights, target: weights)
+    monkeypatch.setattr(verification, "_mass", lambda weights: torch.ones_like(weights[..., :1]))
     p, q, n = CASES[CONTROL_CASE]
     drafts, _, tokens = draw_and_verify(name, p, q, n)
     assert joint_p_value(name, p, q, n, drafts, tokens) < CONTROL_P_VALUE
