@@ -76,6 +76,16 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return _normalised_or_target((p - q).clamp_min(0.0), p)
 
 
+def _draw_residual(weights: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A draw from ``weights`` (``>= 0``, unnormalised: :func:`executor.sampling._draw` scales by their sum),
+    or from ``target`` in rows where their mass is 0 (a branch never taken)."""
+    return _draw(torch.where(_mass(weights) > 0, weights, target), generator)
+
+
+def _mass(weights: torch.Tensor) -> torch.Tensor:
+    return weights.sum(dim=-1, keepdim=True)
+
+
 def _first_index(drafts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Position of the first draft equal to ``tokens`` in each row, ``-1`` when none is."""
     match = drafts == tokens.unsqueeze(-1)
@@ -335,10 +345,6 @@ def _shifted_residual(p: torch.Tensor, q: torch.Tensor, shift: torch.Tensor) -> 
     return torch.addcmul(p, q, shift, value=-1.0).clamp_min_(0.0)
 
 
-def _mass(weights: torch.Tensor) -> torch.Tensor:
-    return weights.sum(dim=-1, keepdim=True)
-
-
 def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
     r"""RRS: test draft ``i`` against the running residual ``p_i``; on rejection ``p_{i+1} = norm((p_i -
     q_i)_+)``. Without replacement, ``q_{i+1}`` is ``q_i`` with the rejected draft zeroed and renormalised.
@@ -375,8 +381,7 @@ def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
             kept.scatter_(-1, draft.unsqueeze(-1), 0.0)
             scale = _mass(kept)  # summed over the tokens left, not 1 - q(drafts): no cancellation
         mass = _mass(weights)
-    # A residual of mass 0 is never reached (its rejection has probability 0): the target stands in.
-    return torch.where(done, token, _draw(torch.where(mass > 0, weights, p), generator))
+    return torch.where(done, token, _draw_residual(weights, p, generator))
 
 
 def _verify_rrs(p, q, drafts, generator):
@@ -390,17 +395,18 @@ def _verify_rrs_wor(p, q, drafts, generator):
 def _verify_kseq(p, q, drafts, generator):
     n = drafts.shape[-1]
     rho = _kseq_division_factor(p, q, n)
+    uniforms = _uniform(drafts.shape, p, generator)
+    passed = _accepts(uniforms, p.gather(-1, drafts), rho * q.gather(-1, drafts))
+    first = drafts.gather(-1, passed.to(torch.int64).argmax(dim=-1, keepdim=True)).squeeze(-1)
+    some = passed.any(dim=-1)
+    if bool(some.all()):  # the residual is never sampled
+        return first
     accepted = torch.minimum(p / rho, q)  # min(p/rho, q): the law of an accepted draft, up to beta
     beta = accepted.sum(dim=-1, keepdim=True)
     # SpecTr's gamma = p_acc / beta with p_acc = 1 - (1 - beta)^n; the residual is norm((p - gamma * accepted)_+).
     gamma = torch.where(beta > 0, (1.0 - (1.0 - beta) ** n) / torch.where(beta > 0, beta, 1.0), 0.0)
-    residual = _normalised_or_target((p - gamma * accepted).clamp_min(0.0), p)
-    uniforms = _uniform(drafts.shape, p, generator)
-    passed = _accepts(uniforms, p.gather(-1, drafts), rho * q.gather(-1, drafts))
-    first = passed.to(torch.int64).argmax(dim=-1)
-    return torch.where(
-        passed.any(dim=-1), drafts.gather(-1, first.unsqueeze(-1)).squeeze(-1), _draw(residual, generator)
-    )
+    residual = torch.addcmul(p, gamma, accepted, value=-1.0).clamp_min_(0.0)
+    return torch.where(some, first, _draw_residual(residual, p, generator))
 
 
 def _verify_spechub(p, q, drafts, generator):
@@ -408,13 +414,14 @@ def _verify_spechub(p, q, drafts, generator):
     hub = top_tokens(q, 1)
     hub_first = drafts[..., 0] == hub.squeeze(-1)
     other = torch.where(hub_first, drafts[..., 1], drafts[..., 0])
-    off_hub = torch.ones_like(q).scatter(-1, hub, 0.0)
     q_hub = q.gather(-1, hub)
     p_hub = p.gather(-1, hub).squeeze(-1)
-    excess = (p - q).clamp_min(0.0) * off_hub  # p'(i)
-    second = q_hub / (1.0 - q_hub) * q * off_hub  # Q(a, i): probability of the pair (a, i)
-    rejected_second = (second - excess).clamp_min(0.0).sum(dim=-1)  # R_ai
-    rejected_first = (q - p).clamp_min(0.0).mul(off_hub).sum(dim=-1)  # R_ia
+    # Off the hub a: p'(i) and Q(a, i), the probability of the pair (a, i), 0 at the hub. p'(a) is never read:
+    # the other draft is not a, R_ai's term at a is (0 - p'(a))_+ = 0, and the leftover's entry at a is replaced.
+    excess = (p - q).clamp_min_(0.0)
+    second = (q_hub / (1.0 - q_hub) * q).scatter_(-1, hub, 0.0)
+    rejected_second = (second - excess).clamp_min_(0.0).sum(dim=-1)  # R_ai
+    rejected_first = (q - p).clamp_min_(0.0).scatter_(-1, hub, 0.0).sum(dim=-1)  # R_ia
     hub_left = (p_hub - rejected_second).clamp_min(0.0)  # p''(a)
     u_other, u_hub = _uniform((2, *other.shape), p, generator)
     accept_other = torch.where(
@@ -427,12 +434,12 @@ def _verify_spechub(p, q, drafts, generator):
         _accepts(u_hub, p_hub, rejected_second),
         _accepts(u_hub, hub_left, rejected_first),
     )
-    leftover = (excess - second).clamp_min(0.0)
+    chosen = torch.where(accept_other, other, hub.squeeze(-1))
+    if bool((accept_other | accept_hub).all()):  # the leftover is never sampled
+        return chosen
     hub_leftover = (hub_left - rejected_first).clamp_min(0.0).unsqueeze(-1)
-    leftover = _normalised_or_target(leftover.scatter(-1, hub, hub_leftover), p)
-    return torch.where(
-        accept_other, other, torch.where(accept_hub, hub.squeeze(-1), _draw(leftover, generator))
-    )
+    leftover = excess.sub_(second).clamp_min_(0.0).scatter_(-1, hub, hub_leftover)
+    return torch.where(accept_other | accept_hub, chosen, _draw_residual(leftover, p, generator))
 
 
 def _verify_greedy(p, q, drafts, generator):
@@ -444,8 +451,10 @@ def _verify_greedy(p, q, drafts, generator):
     rest = torch.where(in_top, 0.0, q)
     rest = rest / rest.sum(dim=-1, keepdim=True)  # positive: the last draft was drawn from it
     accept = _accepts(_uniform(last.shape, p, generator), _at(p, last), _at(rest, last))
-    leftover = _normalised_or_target(torch.where(in_top, p, (p - rest).clamp_min(0.0)), p)
-    return torch.where(accept, last, _draw(leftover, generator))
+    if bool(accept.all()):  # the leftover is never sampled
+        return last
+    leftover = torch.where(in_top, p, (p - rest).clamp_min_(0.0))
+    return torch.where(accept, last, _draw_residual(leftover, p, generator))
 
 
 def _verify_argmax(p, q, drafts, generator):
