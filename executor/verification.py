@@ -570,5 +570,31 @@ def verify_multidraft(
         )
     drafts = _check_tokens(drafts, "drafts", (*p.shape[:-1], drafts.shape[-1]), p.shape[-1])
     _check_drafts_fit_law(name, q, drafts)
+    return _run_kernel(name, p, q, drafts, generator)
+
+
+def verify_multidraft_unchecked(
+    name: str,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    drafts: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`verify_multidraft` without its input checks, for a decoder's own step: ``target_probs`` and
+    ``draft_probs`` come from :func:`executor.sampling.logits_to_probs` (finite, rows summing to 1 within
+    float32's rounding) and ``drafts`` (int64) were drawn from ``draft_probs`` with the verifier's law.
+
+    The checks (three reductions and two host syncs per distribution, the draft-law test) cost 0.22-0.24 ms a
+    verified node in decoding at V = 49,152 (1.12 against 0.90 ms, multi-draft n = 4, T = 1, interleaved), under
+    1% of a step. The rows are renormalised in float64 as the checks do, so both entries hand the kernel the
+    same numbers.
+    """
+    p, q = target_probs.to(torch.float64), draft_probs.to(torch.float64)
+    return _run_kernel(
+        name, p / p.sum(dim=-1, keepdim=True), q / q.sum(dim=-1, keepdim=True), drafts, generator
+    )
+
+
+def _run_kernel(name, p, q, drafts, generator) -> tuple[torch.Tensor, torch.Tensor]:
     token = _KERNELS[name](p, q, drafts, generator)
     return _first_index(drafts, token), token

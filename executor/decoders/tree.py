@@ -28,7 +28,7 @@ import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
 from executor.sampling import sample_drafts, top_tokens
-from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft, verify_tree_argmax
+from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft_unchecked, verify_tree_argmax
 from theory.checks import as_choice, as_count
 
 __all__ = ["DynamicTree", "TreeDecoder", "TREE_VERIFIERS", "check_parents", "default_tree"]
@@ -227,7 +227,7 @@ class TreeDecoder(Decoder):
         while tree.children[node]:
             children = tree.children[node]
             drafts = torch.tensor([tree.tokens[c] for c in children], device=target_probs.device)
-            index, token = verify_multidraft(
+            index, token = verify_multidraft_unchecked(
                 self._node_verifier[node], target_probs[node], tree.draft_probs[node], drafts, generator
             )
             if int(index) < 0:

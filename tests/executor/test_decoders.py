@@ -181,7 +181,7 @@ def _target_instead_of_residual(name, target_probs, draft_probs, drafts, generat
     ("kind", "module", "name", "broken"),
     [
         ("chain-model", chain_module, "verify_chain", _residual_from_target),
-        ("tree-static", tree_module, "verify_multidraft", _target_instead_of_residual),
+        ("tree-static", tree_module, "verify_multidraft_unchecked", _target_instead_of_residual),
     ],
 )
 def test_law_test_rejects_a_deliberately_broken_verifier(models, monkeypatch, kind, module, name, broken):

@@ -169,7 +169,7 @@ def test_law_test_rejects_a_broken_tree_verifier_with_the_falcon_head(target, mo
     """Negative control: a node verifier that draws the correction from p instead of the residual is caught."""
     decoder = law_decoders(target)["tree-falcon"]
     law = exact_law(target, SAMPLING)
-    monkeypatch.setattr(tree_module, "verify_multidraft", _target_instead_of_residual)
+    monkeypatch.setattr(tree_module, "verify_multidraft_unchecked", _target_instead_of_residual)
     p_value = outcome_p_value(sample_outcomes(decoder, seed=11, count=2000), law)
     assert p_value < P_THRESHOLD, f"the broken verifier went unnoticed: p = {p_value:.2e}"
 

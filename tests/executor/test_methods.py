@@ -170,7 +170,7 @@ def test_every_lossless_method_reproduces_greedy_decoding_token_for_token(tiny_m
     assert result.steps <= 16 and result.layer_evaluations > 0
 
 
-_real_verify_multidraft = tree_module.verify_multidraft
+_real_verify_multidraft = tree_module.verify_multidraft_unchecked
 _real_verify_chain = chain_module.verify_chain
 
 
@@ -207,8 +207,8 @@ def test_every_lossless_method_samples_the_exact_target_law_of_the_next_three_to
     ("name", "module", "attribute", "broken"),
     [
         ("kangaroo", chain_module, "verify_chain", _chain_letters_swapped),
-        ("dyspec", tree_module, "verify_multidraft", _letters_swapped),
-        ("ppd", tree_module, "verify_multidraft", _letters_swapped),
+        ("dyspec", tree_module, "verify_multidraft_unchecked", _letters_swapped),
+        ("ppd", tree_module, "verify_multidraft_unchecked", _letters_swapped),
     ],
 )
 def test_the_law_test_catches_a_broken_verifier_inside_a_method(

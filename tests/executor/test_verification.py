@@ -32,6 +32,7 @@ from executor.verification import (
     verify_chain,
     verify_chain_argmax,
     verify_multidraft,
+    verify_multidraft_unchecked,
     verify_tree_argmax,
 )
 from tests.goodness_of_fit import law_p_value, z_score
@@ -138,6 +139,38 @@ def test_empirical_acceptance_matches_the_theory_acceptance(name, case):
     # accepted_index is the definition "output in drafts", and points at the output.
     np.testing.assert_array_equal(accepted, (drafts == tokens[:, None]).any(axis=1))
     assert abs(acceptance_z(accepted, float(verifier(name).acceptance(p, q, n)))) < MAX_ABS_Z
+
+
+@pytest.mark.parametrize("name", SAMPLED_VERIFIERS)
+@given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 9), rows=st.integers(1, 4))
+def test_unchecked_verification_returns_what_the_checked_one_returns(name, seed, vocab, rows):
+    # What decoders call: the same tokens and indices from the same generator state, on float32 rows of
+    # logits_to_probs as a decoder hands them (rounding included), at any draft count the law allows.
+    generator = torch.Generator().manual_seed(seed)
+    scale = torch.rand((rows, 1), generator=generator) * 6
+    p = logits_to_probs(scale * torch.randn(rows, vocab, generator=generator))
+    q = logits_to_probs(scale * torch.randn(rows, vocab, generator=generator))
+    law = VERIFIER_DRAFT_LAW[name]
+    n = 2 if law == "spechub" else 1 + seed % min(4, vocab - 1 if law in ("wor", "greedy") else 4)
+    drafts = sample_drafts(q, n, law, generator)
+    state = generator.get_state()
+    kernel, handed = verification._run_kernel, []  # the (p, q) each entry hands the kernel
+
+    def recording(*arguments):
+        handed.append(arguments[1:3])
+        return kernel(*arguments)
+
+    verification._run_kernel = recording
+    try:
+        checked = verify_multidraft(name, p, q, drafts, generator)
+        generator.set_state(state)
+        unchecked = verify_multidraft_unchecked(name, p, q, drafts, generator)
+    finally:
+        verification._run_kernel = kernel
+    for a, b in zip(checked, unchecked, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(*handed, strict=True):
+        assert a.dtype == b.dtype == torch.float64 and torch.equal(a, b)
 
 
 # Negative controls: each broken twin must be caught by the same harness.

@@ -58,11 +58,11 @@ def test_replay_acceptance_agrees_with_the_theory_on_a_tiny_model(config):
 def test_replay_detects_a_verifier_whose_acceptance_is_not_its_theory(monkeypatch):
     import executor.decoders.tree as tree_module
 
-    real_verifier = tree_module.verify_multidraft
+    real_verifier = tree_module.verify_multidraft_unchecked
 
     def verify_with_letters_swapped(name, target_probs, draft_probs, drafts, generator):
         return real_verifier(name, draft_probs, target_probs, drafts, generator)
 
-    monkeypatch.setattr(tree_module, "verify_multidraft", verify_with_letters_swapped)
+    monkeypatch.setattr(tree_module, "verify_multidraft_unchecked", verify_with_letters_swapped)
     z, _ = replay_z(DecoderConfig("rrs-n3", "multidraft", verifier="rrs", n=3))
     assert abs(z) > 4, z
