@@ -9,8 +9,8 @@ Random draws are made on the generator's device, so the tensors must be there to
 Accept tests are written ``u * denominator < numerator`` with ``u ~ U[0, 1)``: that accepts with probability
 ``min(1, numerator / denominator)`` without dividing, never accepts a token the target gives probability 0,
 and always accepts a token the draft gives probability 0 but the target does not. Residual distributions are
-normalised with a guard: when their mass is 0 the algorithm never samples them (the rejection that leads
-there has probability 0), and the target is used instead of dividing by zero.
+sampled with a guard: when their mass is 0 the algorithm never samples them (the rejection that leads there has
+probability 0), and the target is used instead (no division by zero, no NaN).
 
 The kernels use the variable names of their numpy twins in :mod:`theory.verifiers`, after the papers' symbols.
 
@@ -355,8 +355,9 @@ def _recursive_rejection(p, q, drafts, generator, without_replacement: bool):
     exactly where ``p > s_{i+1} q`` (where :math:`w_i = 0` it is at most :math:`-q / c_i`). Without
     replacement a drafted token leaves ``q_{i+1}``, but its entry needs no memory of that: it was rejected, so
     :math:`p_i(x_i) < q_i(x_i)` (otherwise it is accepted surely), and its residual is 0 from then on whatever
-    ``q`` holds there. Draft ``i`` is accepted iff :math:`u\, q(x_i) N_i < w_i(x_i)\, c_i`, i.e. :math:`u\, q_i(x_i) <
-    p_i(x_i)`. Each rejection costs one fused pass and one sum over the vocabulary, none of them a division.
+    ``q`` holds there. Draft ``i`` is accepted iff :math:`u\, q(x_i) N_i < w_i(x_i)\, c_i`, i.e.
+    :math:`u\, q_i(x_i) < p_i(x_i)`. Each rejection costs one fused pass and one sum over the vocabulary (and,
+    without replacement, one sum of the ``q`` left), none of them a division.
     """
     rows = drafts.shape[:-1]
     token = torch.full(rows, -1, dtype=torch.int64, device=p.device)
