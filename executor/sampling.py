@@ -262,6 +262,18 @@ def sample_drafts(q: torch.Tensor, n: int, draft: str, generator: torch.Generato
     check_generator(generator, q, "q")
     q = check_probabilities(q, "q")
     check_draft_count(draft, n, int((q > 0).sum(dim=-1).min()) if q.numel() else n, "a row of q")
+    return _sample_normalised(q, n, draft, generator)
+
+
+def sample_drafts_unchecked(q: torch.Tensor, n: int, draft: str, generator: torch.Generator) -> torch.Tensor:
+    """:func:`sample_drafts` without its input checks, for a decoder's own step: ``q`` comes from
+    :func:`logits_to_probs` and has at least ``n`` positive entries per row where the law needs them. The rows
+    are renormalised in float64 as the checks do, so both entries draw the same drafts."""
+    q = q.to(torch.float64)
+    return _sample_normalised(q / q.sum(dim=-1, keepdim=True), n, draft, generator)
+
+
+def _sample_normalised(q: torch.Tensor, n: int, draft: str, generator: torch.Generator) -> torch.Tensor:
     if draft == "iid":
         return _draw(q, generator, n)
     if draft == "wor":

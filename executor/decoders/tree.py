@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
-from executor.sampling import sample_drafts, top_tokens
+from executor.sampling import sample_drafts_unchecked, top_tokens
 from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft_unchecked, verify_tree_argmax
 from theory.checks import as_choice, as_count
 
@@ -152,7 +152,7 @@ class TreeDecoder(Decoder):
         if self.sampling.greedy:
             tokens = top_tokens(logits, count)
         else:
-            tokens = sample_drafts(q, count, draft, generator)
+            tokens = sample_drafts_unchecked(q, count, draft, generator)
         tree.draft_probs[node] = q
         self._node_verifier[node] = verifier
         for token in tokens.tolist():

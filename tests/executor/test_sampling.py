@@ -13,10 +13,12 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import executor.sampling as sampling
 from executor.sampling import (
     TORCH_DRAFT_LAWS,
     logits_to_probs,
     sample_drafts,
+    sample_drafts_unchecked,
     sample_token,
     top_tokens,
 )
@@ -271,6 +273,38 @@ def test_sampled_drafts_have_positive_probability_under_the_law(weights, law, se
     tuples, _ = draft_laws.enumerate_drafts(q, n, law)
     support = {tuple(row) for row in tuples.tolist()}
     assert all(tuple(row) in support for row in drafts.tolist())
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    law=st.sampled_from(TORCH_DRAFT_LAWS),
+    vocab=st.integers(2, 9),
+    rows=st.integers(1, 4),
+)
+def test_unchecked_drafts_are_the_checked_ones(seed, law, vocab, rows):
+    # What decoders call, on float32 rows of logits_to_probs as a decoder hands them: the same drafts from
+    # the same generator state (the rows are renormalised in float64 alike before any draw).
+    generator = torch.Generator().manual_seed(seed)
+    q = logits_to_probs(
+        torch.rand((rows, 1), generator=generator) * 6 * torch.randn(rows, vocab, generator=generator)
+    )
+    n = 2 if law == "spechub" else 1 + seed % min(4, vocab - 1 if law in ("wor", "greedy") else 4)
+    state = generator.get_state()
+    draw, handed = sampling._sample_normalised, []  # the q each entry draws from
+
+    def recording(*arguments):
+        handed.append(arguments[0])
+        return draw(*arguments)
+
+    sampling._sample_normalised = recording
+    try:
+        checked = sample_drafts(q, n, law, generator)
+        generator.set_state(state)
+        unchecked = sample_drafts_unchecked(q, n, law, generator)
+    finally:
+        sampling._sample_normalised = draw
+    assert torch.equal(checked, unchecked)
+    assert handed[0].dtype == handed[1].dtype == torch.float64 and torch.equal(*handed)
 
 
 @pytest.mark.parametrize(
