@@ -65,6 +65,13 @@ def check_probabilities(probs: torch.Tensor, name: str, min_dim: int = 1) -> tor
     return wide / sums.unsqueeze(-1)
 
 
+def float64_rows(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` in float64 with every row divided by its sum: what :func:`check_probabilities` returns for valid
+    input, without the checks (for the unchecked entries of decoders, which made ``probs`` themselves)."""
+    wide = probs.to(torch.float64)
+    return wide / wide.sum(dim=-1, keepdim=True)
+
+
 def check_generator(generator: torch.Generator, tensor: torch.Tensor, name: str) -> None:
     """Require a ``torch.Generator`` on the same device type as ``tensor`` (named ``name`` in the error)."""
     if not isinstance(generator, torch.Generator):
@@ -269,8 +276,7 @@ def sample_drafts_unchecked(q: torch.Tensor, n: int, draft: str, generator: torc
     """:func:`sample_drafts` without its input checks, for a decoder's own step: ``q`` comes from
     :func:`logits_to_probs` and has at least ``n`` positive entries per row where the law needs them. The rows
     are renormalised in float64 as the checks do, so both entries draw the same drafts."""
-    q = q.to(torch.float64)
-    return _sample_normalised(q / q.sum(dim=-1, keepdim=True), n, draft, generator)
+    return _sample_normalised(float64_rows(q), n, draft, generator)
 
 
 def _sample_normalised(q: torch.Tensor, n: int, draft: str, generator: torch.Generator) -> torch.Tensor:

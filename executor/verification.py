@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from executor.optimal_verification import verify_optimal
-from executor.sampling import _draw, check_generator, check_probabilities, top_tokens
+from executor.sampling import _draw, check_generator, check_probabilities, float64_rows, top_tokens
 from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
 from theory.verifiers.iid import (  # the twins search alike
     KSEQ_BISECTION_STEPS,
@@ -65,21 +65,20 @@ def _at(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``weights / sum(weights)``, or ``target`` in rows where the mass is 0 (a branch never taken)."""
-    mass = weights.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, weights / torch.where(mass > 0, mass, 1.0), target)
+def _or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``weights`` (``>= 0``, unnormalised: :func:`executor.sampling._draw` scales by their sum), or ``target`` in
+    rows where their mass is 0 (a branch never taken)."""
+    return torch.where(_mass(weights) > 0, weights, target)
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm((p - q)_+)``, the law sampled after a rejection (Leviathan et al. 2023, eq. in Alg. 1)."""
-    return _normalised_or_target((p - q).clamp_min(0.0), p)
+    """``(p - q)_+``, unnormalised: the law sampled after a rejection (Leviathan et al. 2023, eq. in Alg. 1)."""
+    return _or_target((p - q).clamp_min(0.0), p)
 
 
 def _draw_residual(weights: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """A draw from ``weights`` (``>= 0``, unnormalised: :func:`executor.sampling._draw` scales by their sum),
-    or from ``target`` in rows where their mass is 0 (a branch never taken)."""
-    return _draw(torch.where(_mass(weights) > 0, weights, target), generator)
+    """A draw from the residual ``weights`` (:func:`_or_target`)."""
+    return _draw(_or_target(weights, target), generator)
 
 
 def _mass(weights: torch.Tensor) -> torch.Tensor:
@@ -590,10 +589,7 @@ def verify_multidraft_unchecked(
     1% of a step. The rows are renormalised in float64 as the checks do, so both entries hand the kernel the
     same numbers.
     """
-    p, q = target_probs.to(torch.float64), draft_probs.to(torch.float64)
-    return _run_kernel(
-        name, p / p.sum(dim=-1, keepdim=True), q / q.sum(dim=-1, keepdim=True), drafts, generator
-    )
+    return _run_kernel(name, float64_rows(target_probs), float64_rows(draft_probs), drafts, generator)
 
 
 def _run_kernel(name, p, q, drafts, generator) -> tuple[torch.Tensor, torch.Tensor]:
