@@ -12,6 +12,7 @@ Nothing is downloaded: the default model is the GGUF file shipped in the ``llm-s
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -113,9 +114,30 @@ def default_model_path() -> Path:
 
 
 def _gguf_reader(path: Path):
+    return _reader_class()(str(path))
+
+
+@functools.cache
+def _reader_class():
     import gguf
 
-    return gguf.GGUFReader(str(path))
+    class Reader(gguf.GGUFReader):
+        """``gguf.GGUFReader`` on a plain-ndarray view of its memory map.
+
+        The reader slices its file once per metadata value, twice per string: ~250,000 slices for SmolLM2's
+        vocabulary and merges. Each slice of an ``np.memmap`` runs memmap's Python hooks; a slice of the same
+        bytes viewed as an ndarray does not (4.2-4.6 s to 1.4-1.7 s on a 2-core AMD EPYC). Same bytes, no copy.
+        """
+
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, mapped):
+            self._data = mapped.view(np.ndarray)
+
+    return Reader
 
 
 def _gguf_metadata(reader) -> dict[str, object]:

@@ -149,6 +149,22 @@ def test_quantized_gguf_tensors_are_dequantized_in_place(tiny_model, tmp_path):
         np.testing.assert_array_equal(state[name].numpy(), expected)
 
 
+def test_our_gguf_reader_reads_what_ggufs_reader_reads_from_plain_arrays(tiny_model, tmp_path):
+    model = tiny_model(9, vocab_size=16, dim=32, hidden_dim=64)
+    write_gguf(model, tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
+    theirs, ours = gguf.GGUFReader(str(tmp_path / "q8.gguf")), weights._gguf_reader(tmp_path / "q8.gguf")
+    assert list(ours.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        assert ours.fields[name].types == field.types and ours.fields[name].contents() == field.contents()
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.tensor_type == reference.tensor_type
+        np.testing.assert_array_equal(mine.data, reference.data)
+    # The speed: every slice is a plain ndarray view of the file's map, not an np.memmap.
+    assert type(ours.data) is np.ndarray and type(ours.tensors[0].data) is np.ndarray
+    assert isinstance(theirs.data, np.memmap) and np.shares_memory(ours.tensors[0].data, ours.data)
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_safetensors_round_trip_recovers_weights_and_logits(tiny_model, tmp_path, tie):
     model = tiny_model(11, vocab_size=16, tie_embeddings=tie)
