@@ -93,22 +93,6 @@ def ratio(drafted, accepted, costs):
     return costs.per_step(drafted, accepted) / (1.0 + accepted)
 
 
-class TableRule:
-    """A deterministic stopping rule given as a decision per (k, pi) state."""
-
-    name = "table"
-    initial_memory = None
-
-    def __init__(self, decisions):
-        self.decisions = decisions
-
-    def should_continue(self, state, memory):
-        return self.decisions.get((state.drafted, pi_key(state.prob_all_accepted)), False)
-
-    def next_memory(self, memory, drafted, all_accepted, horizon):
-        return None
-
-
 def states_of(laws, horizon):
     """Every reachable (k, pi) with k < horizon, computed from the laws."""
     states = []
