@@ -215,7 +215,7 @@ def test_the_law_test_catches_a_broken_verifier_inside_a_method(
     tiny_model, monkeypatch, name, module, attribute, broken
 ):
     """Negative control: the same seed, samples and threshold reject a method whose verifier is broken
-    (p = 2e-16 to 4e-32 at 400 samples on 2026-11-28; the joint test alone gave 0.04-0.2 there)."""
+    (p = 2e-16 to 4e-32 at 400 samples on 2026-11-28; the joint test alone gave 2e-5 to 0.2 there)."""
     model = spread_model(tiny_model)
     method = build(name, model, calibrate=1.0)
     law = exact_law(model, Sampling(temperature=1.0))
