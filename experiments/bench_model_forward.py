@@ -144,7 +144,8 @@ def measure(variants: dict, ns, context: int, repeats: int, seed: int, clock=tim
                     start = clock()
                     model(tokens, slots)
                     times[name].append(clock() - start)
-            reference = logits.get("baseline", logits.get("eager"))
+            # The baseline, else the eager model, else the first variant (``--variants compiled`` alone).
+            reference = next(logits[name] for name in ("baseline", "eager", *variants) if name in logits)
             results[n] = {
                 name: {
                     **summarise(times[name]),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.bench_model_forward import BASELINE_REV, load_baseline_class, main, summarise
+from experiments.bench_model_forward import BASELINE_REV, load_baseline_class, main, measure, summarise
 from tests.tiny_models import build_tiny_model
 
 
@@ -34,6 +34,15 @@ def test_baseline_from_git_gives_the_same_logits_as_todays_model(dtype):
 def test_baseline_rev_must_exist():
     with pytest.raises(ValueError, match="baseline_rev"):
         load_baseline_class("no-such-revision")
+
+
+def test_one_variant_alone_is_its_own_reference():
+    # `--variants compiled` alone has neither a baseline nor an eager model to compare logits with.
+    model = build_tiny_model(2, vocab_size=50, dim=16, hidden_dim=32)
+    model.setup_cache(16)
+    results = measure({"compiled": model}, [1, 2], context=4, repeats=3, seed=0)
+    assert [row["compiled"]["max_abs_logit_diff"] for row in results.values()] == [0.0, 0.0]
+    assert all(row["compiled"]["top1_agrees"] for row in results.values())
 
 
 def test_summarise_reports_median_quartiles_and_minimum_in_ms():
