@@ -315,8 +315,12 @@ def read_latency(path: str) -> LatencyProfile:
         raise ValueError(f"--latency: {path}: {error}") from None
 
 
+#: Timed rounds of :func:`measure_latency` by default (its docstring says why 15).
+LATENCY_REPEATS = 15
+
+
 def measure_latency(
-    model, drafter, sizes, *, temperature: float, context: int = 160, repeats: int = 15
+    model, drafter, sizes, *, temperature: float, context: int = 160, repeats: int = LATENCY_REPEATS
 ) -> LatencyProfile:
     """Measure the latency profile in the run: median seconds of one verification pass over ``n`` tree nodes
     (a star: the root and ``n - 1`` children, scored with the tree mask, plus the target's probabilities) for

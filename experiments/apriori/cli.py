@@ -11,6 +11,7 @@ HELP = (
 
 
 def add_arguments(parser) -> None:
+    from experiments.apriori.calibrate import LATENCY_REPEATS
     from experiments.apriori.run import DECODER_NAMES
 
     parser.add_argument(
@@ -48,6 +49,13 @@ def add_arguments(parser) -> None:
         "--latency",
         default=None,
         help="latency profile JSON from `specbound profile` (default: measured in the run)",
+    )
+    parser.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=None,
+        help=f"timed rounds of the latency profile measured in the run (default {LATENCY_REPEATS}; fewer are "
+        "faster and noisier: with 5 the ratios t(n)/t(1) moved by up to 0.28 between runs)",
     )
     parser.add_argument("--out", default="runs/validate", help="run directory (resumed if it exists)")
     parser.add_argument(
@@ -127,6 +135,12 @@ def config_from_args(args):
             )
         if args.drafter.partition(":")[0] not in DRAFTER_KINDS:
             raise ValueError(f"--drafter: unknown drafter {args.drafter!r}; use {drafter_forms()}")
+    if args.latency_repeats is not None:
+        if args.latency_repeats < 1:
+            raise ValueError(f"--latency-repeats must be at least 1, got {args.latency_repeats}")
+        if args.latency is not None:
+            raise ValueError("--latency-repeats times the profile measured in the run; --latency reads one")
+        settings["latency_repeats"] = args.latency_repeats
     if args.latency is not None:
         from experiments.apriori.calibrate import read_latency
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from experiments.apriori.calibrate import (
+    LATENCY_REPEATS,
     Calibration,
     LatencyProfile,
     RecordingDrafter,
@@ -69,6 +70,7 @@ class AprioriConfig:
     )
     decoders: tuple[str, ...] | None = None
     latency: str | None = None
+    latency_repeats: int = LATENCY_REPEATS  # timed rounds of the profile measured in the run
     # Sampled calibration paths per prompt at T > 0. A prompt's acceptance varies more between its sampled paths
     # than between prompts: the mean of four calibration prompts' root acceptance at T = 1 was 0.296 with one
     # set of seeds and 0.34-0.39 with three others (docs/validate.md). Greedy paths are deterministic: T = 0
@@ -79,8 +81,11 @@ class AprioriConfig:
 
     def fingerprint(self) -> str:
         settings = asdict(self)
-        if settings["quantize"] == "none":  # runs written before --quantize existed keep their fingerprint
+        # Runs written before --quantize and --latency-repeats existed keep their fingerprint.
+        if settings["quantize"] == "none":
             del settings["quantize"]
+        if settings["latency_repeats"] == LATENCY_REPEATS:
+            del settings["latency_repeats"]
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -453,7 +458,9 @@ def run_apriori(
     else:
         widest = max([n + 1 for _, n in config.multidraft], default=1)
         sizes = range(1, max(config.max_budget, config.depth + 1, widest) + 1)
-        latency = measure_latency(model, draft, sizes, temperature=max(config.temperatures))
+        latency = measure_latency(
+            model, draft, sizes, temperature=max(config.temperatures), repeats=config.latency_repeats
+        )
     _write_json(latency.to_json(), latency_path)
 
     # 3. Calibrate and predict, per temperature, before any evaluation unit runs.

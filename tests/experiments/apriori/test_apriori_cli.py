@@ -1,11 +1,15 @@
 """experiments.apriori.cli: argument checks (exit status 2 naming the argument, before any model loads) and
 the optimal verifier joining the multi-draft grid when the executor runs it."""
 
+import hashlib
+import json
 import os
+from dataclasses import asdict
 
 import pytest
 
 from experiments.apriori.cli import with_optimal_verifier
+from experiments.apriori.run import AprioriConfig
 from experiments.cli import main
 
 
@@ -20,6 +24,8 @@ from experiments.cli import main
         (["--drafter", "oracle"], "--drafter"),
         (["--log-top-k", "5"], "--log-top-k"),
         (["--log-out", "logs", "--log-top-k", "0"], "--log-top-k"),
+        (["--latency-repeats", "0"], "--latency-repeats"),
+        (["--latency-repeats", "3", "--latency", "profile.json"], "--latency-repeats"),
     ],
 )
 def test_bad_arguments_exit_non_zero_naming_them(extra, name, tmp_path, capsys):
@@ -50,3 +56,16 @@ def test_optimal_verifier_joins_the_grid_only_when_the_executor_has_it(monkeypat
     assert with_optimal_verifier(grid) == grid
     monkeypatch.setattr(executor.decoders, "TREE_VERIFIERS", ("rrs", "kseq", "spechub", "optimal"))
     assert with_optimal_verifier(grid) == (*grid, ("optimal", 2), ("optimal", 3))
+
+
+def test_the_default_latency_repeats_keep_earlier_runs_fingerprints():
+    # A run directory written before --latency-repeats existed resumes only if its fingerprint is unchanged:
+    # the field leaves the hash at its default and changes it otherwise.
+    default = AprioriConfig()
+    assert AprioriConfig(latency_repeats=default.latency_repeats).fingerprint() == default.fingerprint()
+    settings = {k: v for k, v in asdict(default).items() if k not in ("latency_repeats", "quantize")}
+    assert (
+        default.fingerprint()
+        == hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    )
+    assert AprioriConfig(latency_repeats=3).fingerprint() != default.fingerprint()

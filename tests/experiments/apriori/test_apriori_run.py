@@ -40,25 +40,47 @@ class CharacterTokenizer:
         return [ord(c) % 10 for c in text][:8]
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """One quick run on a tiny random model (loaded in place of SmolLM2, prompts in place of HumanEval)."""
+def use_tiny_model(patch) -> None:
+    """Load a tiny random model in place of SmolLM2, with short prompts in place of HumanEval's."""
     import executor.weights
     import experiments.prompts
 
     model = build_tiny_model(seed=3, vocab_size=10, n_layers=8, max_seq_len=64)
+    patch.setattr(
+        executor.weights,
+        "load_model",
+        lambda source=None, dtype=None, quantize=None: (model, CharacterTokenizer()),
+    )
+    patch.setattr(
+        experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One quick run on a tiny random model."""
     out = tmp_path_factory.mktemp("validate") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            executor.weights,
-            "load_model",
-            lambda source=None, dtype=None, quantize=None: (model, CharacterTokenizer()),
-        )
-        patch.setattr(
-            experiments.prompts, "humaneval_prompts", lambda count: [f"def f{i}(x):" for i in range(count)]
-        )
+        use_tiny_model(patch)
         assert main([*ARGS, "--out", str(out), "--log-out", str(out / "logs")]) == 0
         yield out, patch
+
+
+def test_latency_repeats_reach_the_profile_measured_in_the_run(tmp_path, monkeypatch):
+    import experiments.apriori.run
+
+    use_tiny_model(monkeypatch)
+
+    class Measured(Exception):
+        pass
+
+    def measure_latency(*args, repeats, **kwargs):
+        raise Measured(repeats)
+
+    monkeypatch.setattr(experiments.apriori.run, "measure_latency", measure_latency)
+    with pytest.raises(Measured) as measured:
+        main([*ARGS, "--temperatures", "1", "--latency-repeats", "3", "--out", str(tmp_path / "run")])
+    assert measured.value.args == (3,)
 
 
 def test_quick_validate_writes_every_section(tiny_run):
