@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["load_transformers_model"]
+__all__ = ["load_transformers_model", "load_transformers_tokenizer"]
 
 
 def load_transformers_model(path: str | Path | None = None, *, dtype=None):
@@ -29,17 +29,33 @@ def load_transformers_model(path: str | Path | None = None, *, dtype=None):
     """
     import torch
 
+    path = _gguf_path(path)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32
+    )
+    return model.eval(), load_transformers_tokenizer(path)
+
+
+def load_transformers_tokenizer(path: str | Path | None = None):
+    """``transformers``' tokenizer of a llama GGUF file (default the embedded one), without its model: about a
+    third of :func:`load_transformers_model`'s time. ``ValueError`` as there."""
+    path = _gguf_path(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _gguf_path(path) -> Path:
+    """``path`` (default the embedded model) checked to be a file, after checking ``transformers`` imports."""
     from executor.weights import default_model_path
 
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError:
         raise ValueError("transformers is not installed; run: pip install 'specbound[peer]'") from None
     path = Path(default_model_path() if path is None else path)
     if not path.is_file():
         raise ValueError(f"path {str(path)!r} is not a file")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.eval(), tokenizer
+    return path

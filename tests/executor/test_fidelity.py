@@ -33,16 +33,26 @@ def our_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids]), torch.arange(len(ids)))
 
 
+# Two fixtures, not one (model, tokenizer) pair: under `--dist worksteal` the two tests that use them may run on
+# different workers, each then loading what it uses only (the model takes ~21 s, the tokenizer ~8 s).
 @pytest.fixture(scope="module")
-def peer():
-    """transformers' reading of the embedded GGUF file: ``(model, tokenizer)``."""
+def peer_model():
+    """transformers' reading of the embedded GGUF file's model."""
     from experiments.peers import load_transformers_model
 
-    return load_transformers_model()
+    return load_transformers_model()[0]
+
+
+@pytest.fixture(scope="module")
+def peer_tokenizer():
+    """transformers' reading of the embedded GGUF file's tokenizer."""
+    from experiments.peers import load_transformers_tokenizer
+
+    return load_transformers_tokenizer()
 
 
 @pytest.mark.slow
-def test_logits_equal_transformers_gguf_loading(smollm, peer):
+def test_logits_equal_transformers_gguf_loading(smollm, peer_model):
     from experiments.prompts import humaneval_prompts
 
     model, tokenizer = smollm
@@ -53,15 +63,17 @@ def test_logits_equal_transformers_gguf_loading(smollm, peer):
     ]
     for prompt in prompts:
         ids = tokenizer.encode(prompt)
-        difference = (our_logits(model, ids) - hf_logits(peer[0], ids)).abs().max()
+        difference = (our_logits(model, ids) - hf_logits(peer_model, ids)).abs().max()
         assert difference <= 1e-3, prompt
 
 
 @pytest.mark.slow
-def test_token_ids_equal_transformers_tokenizer(smollm, peer, tokenizer_corpus, smollm_reference_tokenizer):
+def test_token_ids_equal_transformers_tokenizer(
+    smollm, peer_tokenizer, tokenizer_corpus, smollm_reference_tokenizer
+):
     _, tokenizer = smollm
     for text in tokenizer_corpus:
-        theirs = peer[1](text, add_special_tokens=False)["input_ids"]
+        theirs = peer_tokenizer(text, add_special_tokens=False)["input_ids"]
         if WHITESPACE_BEFORE_NUMERAL.search(text):
             # The documented divergence: ours is llama.cpp's split (the oracle), transformers' is not.
             assert tokenizer.encode(text) == smollm_reference_tokenizer.encode(text) != theirs, text
