@@ -418,15 +418,16 @@ def test_every_q4_1_tensor_of_the_embedded_file_is_ggmls_dequantisation_bitwise(
 
     config, state, _, blocks = read_gguf_q4_1(default_model_path())
     assert len(blocks) >= 30 * 7  # every projection of every layer (and the head if the file stores it so)
-    # Every shape and role (q, k, v, o, gate, up, down, and any tensor outside the layers) in the first, a middle
-    # and the last layer: the layers share their shapes, and packing all 210 tensors took ~4 minutes of CI.
-    checked = {f"layers.{i}." for i in (0, config.n_layers // 2, config.n_layers - 1)}
+    # Every shape and role (q, k, v, o, gate, up, down, and any tensor outside the layers) in the first and the
+    # last layer: the layers share their shapes, and each tensor costs ~1.5 s here (its product with the
+    # identity runs on ATen's scalar float32 4-bit kernel); all 210 took ~4 minutes of CI.
+    checked = {f"layers.{i}." for i in (0, config.n_layers - 1)}
     sample = {
         name: value
         for name, value in blocks.items()
         if not name.startswith("layers.") or any(name.startswith(prefix) for prefix in checked)
     }
-    assert len(sample) >= 3 * 7
+    assert len(sample) >= 2 * 7
     for name, (q, d, m) in sample.items():
         # state holds gguf.quants.dequantize of the same tensor (rows un-permuted the same way).
         assert torch.equal(Q41Linear(q, d, m).dequantized(), state[name]), name
