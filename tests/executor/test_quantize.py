@@ -418,9 +418,9 @@ def test_every_q4_1_tensor_of_the_embedded_file_is_ggmls_dequantisation_bitwise(
 
     config, state, _, blocks = read_gguf_q4_1(default_model_path())
     assert len(blocks) >= 30 * 7  # every projection of every layer (and the head if the file stores it so)
-    # Every shape and role (q, k, v, o, gate, up, down, and any tensor outside the layers) in the first and the
-    # last layer: the layers share their shapes, and each tensor costs ~1.5 s here (its product with the
-    # identity runs on ATen's scalar float32 4-bit kernel); all 210 took ~4 minutes of CI.
+    # Every shape and role (q, k, v, o, gate, up, down, and any tensor outside the layers) in the first and
+    # the last layer: the layers share their shapes, and each tensor costs ~1.2 s on a Xeon (its product with
+    # the identity runs on ATen's scalar float32 4-bit kernel); all 210 took ~4 minutes of CI.
     checked = {f"layers.{i}." for i in (0, config.n_layers - 1)}
     sample = {
         name: value
@@ -442,10 +442,10 @@ def test_q4_1_smollm_chain_decoders_equal_q4_1_plain_decoding():
     torch.set_num_threads(1)
     model, tokenizer = load_model(device="cpu", dtype=torch.float32, quantize="q4_1")
     assert model.quantization == "q4_1"
-    # A short prompt and 12 tokens: with float32 activations the 4-bit kernel is scalar (~0.35 s per row on an
-    # Intel Xeon, a 125-token HumanEval prefill took 29 s); the decoders' bookkeeping is the same as on the float
-    # and int8 models tested at length. Both outcomes are exercised: on this prompt the lookup's drafts are all
-    # rejected, and the exit at layer 27 of 30 has 5 of its drafts accepted in 7 steps (2026-11-28).
+    # A short prompt and 12 tokens: with float32 activations the 4-bit kernel is scalar (~0.35 s per row on
+    # an Intel Xeon, a 125-token HumanEval prefill took 29 s); the decoders' bookkeeping is the same as on the
+    # float and int8 models tested at length. Both outcomes are exercised: on this prompt the lookup's drafts
+    # are all rejected, and the exit at layer 27 of 30 has 5 of its drafts accepted in 7 steps (2026-11-28).
     prompt = tokenizer.encode(humaneval_prompts(1)[0])[-12:]
     reference = AutoregressiveDecoder(model).generate(prompt, 12).token_ids
     assert len(reference) == 12
