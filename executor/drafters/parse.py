@@ -167,7 +167,23 @@ def kind_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokeniz
         from executor.weights import load_tokenizer
 
         tokenizer = load_tokenizer()
-    return trainer.train_drafter(target, tokenizer, kind=kind)
+    path = trainer.train_drafter(target, tokenizer, kind=kind)
+    log(_trained_summary(kind, path))
+    return path
+
+
+def _trained_summary(kind: str, path) -> str:
+    """One line on a drafter trained on first use: where it is cached and, from its card, its steps and held-out
+    acceptance (what `specbound train-drafter` prints at length)."""
+    import json
+    from pathlib import Path
+
+    card = json.loads((Path(path) / "card.json").read_text())
+    line = f"{kind} drafter trained and cached at {path}"
+    held = card.get("held_out", {})
+    if "steps" in card and "sum_min" in held:
+        line += f": {card['steps']} steps, held-out sum-min(p, q) {held['sum_min']:.3f} at T = 1"
+    return line
 
 
 _FALLBACK_SAID: set[str] = set()

@@ -267,6 +267,7 @@ def test_exit_and_kangaroo_names_use_the_cached_checkpoint_and_a_missing_one_is_
     assert parse_module.kind_checkpoint(target, "exit:1", train_if_missing=False) is None
     path = parse_module.kind_checkpoint(target, "kangaroo:1", tokenizer=object(), log=messages.append)
     assert trained == ["kangaroo:1"] and "no trained kangaroo:1 drafter" in messages[0]
+    assert messages[1].startswith(f"kangaroo:1 drafter trained and cached at {path}")  # a card without scores
     drafter = parse_drafter("kangaroo:1", target)  # found in the cache now, not trained again
     assert trained == ["kangaroo:1"] and isinstance(drafter, KangarooDrafter) and drafter.name == "kangaroo:1"
     assert parse_drafter(f"kangaroo:1:{path}", target).name == f"kangaroo:1:{path}"

@@ -213,13 +213,19 @@ def test_feature_names_the_cached_checkpoint_and_a_missing_one_is_trained_first(
     def fake_train(model, tokenizer, *, kind):
         trained.append(kind)
         directory = checkpoint.default_checkpoint_dir(kind, fingerprint, {"recipe": 1})
-        checkpoint.save_checkpoint(directory, head.state_dict(), {"kind": kind, "target": fingerprint})
+        card = {"kind": kind, "target": fingerprint, "steps": 12, "held_out": {"sum_min": 0.4567}}
+        checkpoint.save_checkpoint(directory, head.state_dict(), card)
         return directory
 
     monkeypatch.setattr(trainer, "train_drafter", fake_train)
     assert parse_module.feature_checkpoint(target, train_if_missing=False) is None
     path = parse_module.feature_checkpoint(target, tokenizer=object(), log=messages.append)
     assert trained == ["feature"] and "training one now" in messages[0]
+    # What was trained is said too: where it is cached, its steps and held-out acceptance.
+    assert (
+        messages[1]
+        == f"feature drafter trained and cached at {path}: 12 steps, held-out sum-min(p, q) 0.457 at T = 1"
+    )
     drafter = parse_drafter("feature", target)  # now found in the cache, not trained again
     assert trained == ["feature"] and drafter.name == "feature"
     assert parse_drafter(f"feature:{path}", target).name == f"feature:{path}"
