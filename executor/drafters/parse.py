@@ -141,7 +141,7 @@ def feature_checkpoint(target, *, train_if_missing: bool = True, tokenizer=None,
     best on the common ranking set); trains one first when there is none.
 
     Returns ``None`` when there is none and ``train_if_missing`` is false. ``log`` (default: print to stderr)
-    receives the message saying that a drafter is being trained.
+    receives the messages saying that a drafter is being trained and, after, what was trained.
     """
     return kind_checkpoint(target, "feature", train_if_missing=train_if_missing, tokenizer=tokenizer, log=log)
 
