@@ -175,10 +175,9 @@ def kind_checkpoint(target, kind: str, *, train_if_missing: bool = True, tokeniz
 def _trained_summary(kind: str, path) -> str:
     """One line on a drafter trained on first use: where it is cached and, from its card, its steps and held-out
     acceptance (what `specbound train-drafter` prints at length)."""
-    import json
-    from pathlib import Path
+    from executor.training.checkpoint import read_card
 
-    card = json.loads((Path(path) / "card.json").read_text())
+    card = read_card(path)
     line = f"{kind} drafter trained and cached at {path}"
     held = card.get("held_out", {})
     if "steps" in card and "sum_min" in held:
