@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -262,18 +262,41 @@ def test_acceptance_matches_hand_computed_value(name, n, expected):
     assert verifier(name).acceptance(P3, Q3, n) == pytest.approx(expected, abs=1e-12)
 
 
+def rrs_wor_two_draft_quadratic_sum(p, q):
+    """alpha = r_1 + sum_x (q - p)_+(x) sum_{y != x} min(p_2(y), q(y) / (1 - q(x))), evaluated as a V x V sum."""
+    excess = np.maximum(p - q, 0)
+    overlap = np.minimum(p, q).sum()
+    if excess.sum() <= 0:
+        return overlap
+    p_2 = excess / excess.sum()
+    others = np.array([np.delete(q, x).sum() for x in range(q.shape[0])])  # 1 - q(x) without cancellation
+    with np.errstate(divide="ignore"):  # q(x) = 1 is never rejected: its row is weighted by (q - p)_+ = 0
+        inner = np.minimum(p_2[None, :], q[None, :] / others[:, None])
+    np.fill_diagonal(inner, 0.0)
+    rejected = np.maximum(q - p, 0)
+    return overlap + rejected[rejected > 0] @ inner[rejected > 0].sum(axis=1)
+
+
 def test_rrs_without_replacement_two_draft_closed_form_matches_quadratic_sum_at_large_vocab():
     rng = np.random.default_rng(7)
     logits = 3.0 * rng.standard_normal(300)
     p = np.exp(logits) / np.exp(logits).sum()
     q_logits = logits + rng.standard_normal(300)
     q = np.exp(q_logits) / np.exp(q_logits).sum()
-    # alpha = r_1 + sum_x (q - p)_+(x) sum_{y != x} min(p_2(y), q(y) / (1 - q(x))), evaluated as a V x V sum
-    overlap = np.minimum(p, q).sum()
-    p_2 = np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
-    inner = np.minimum(p_2[None, :], q[None, :] / (1 - q[:, None]))
-    np.fill_diagonal(inner, 0.0)
-    expected = overlap + np.maximum(q - p, 0) @ inner.sum(axis=1)
+    q[rng.random(300) < 0.5] = 0.0  # a reduced draft vocabulary: q = 0 off it
+    q /= q.sum()
+    expected = rrs_wor_two_draft_quadratic_sum(p, q)
+    assert verifier("rrs_wor").acceptance(p, q, 2) == pytest.approx(expected, abs=1e-12)
+
+
+@settings(max_examples=300)
+@given(strategies.distribution_pairs(st.integers(1, 8)))
+def test_rrs_without_replacement_two_draft_closed_form_equals_quadratic_sum(pair):
+    """Zeros in p or q, disjoint supports and q = p included: the sort over the tokens with p > q > 0 alone
+    loses nothing."""
+    p, q = pair
+    assume(np.count_nonzero(q) >= 2)  # two drafts without replacement
+    expected = rrs_wor_two_draft_quadratic_sum(p, q)
     assert verifier("rrs_wor").acceptance(p, q, 2) == pytest.approx(expected, abs=1e-12)
 
 
