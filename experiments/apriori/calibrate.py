@@ -132,9 +132,11 @@ def event_record(
             record["grid"] = {f"{name}-n{n}": float(rank <= n) for name, n in grid}
             record["bound"] = dict(record["grid"])
         return record
+    # Each exact value at V = 49,152 costs milliseconds and validate computes them at every event: none twice.
     record["chain"] = float(theory.acceptance_rate(p, q))
     tree_check = theory.verifier(tree_verifier)
-    cumulative = [0.0] + [float(tree_check.acceptance(p, q, k)) for k in range(1, width + 1)]
+    # With one draft every verifier is speculative sampling: the first rank's cumulative acceptance is the chain's.
+    cumulative = [0.0, record["chain"]] + [float(tree_check.acceptance(p, q, k)) for k in range(2, width + 1)]
     record["ranks"] = [max(cumulative[k] - cumulative[k - 1], 0.0) for k in range(1, width + 1)]
     if n_children <= 1 or (verifier == "spechub" and n_children != 2):
         record["replay"] = record["chain"] if n_children == 1 else 0.0
@@ -142,10 +144,14 @@ def event_record(
         record["replay"] = float(theory.verifier(verifier).acceptance(p, q, n_children))
     if depth == 0:
         record["grid"], record["bound"] = {}, {}
+        optima = {}  # (n, draft law) -> alpha*: RRS, K-SEQ and the optimal verifier share the i.i.d. one
         for name, n in grid:
             check = theory.verifier(name)
-            record["grid"][f"{name}-n{n}"] = float(check.acceptance(p, q, n))
-            record["bound"][f"{name}-n{n}"] = float(theory.optimal_acceptance(p, q, n, draft=check.draft))
+            own = n_children > 1 and (name, n) == (verifier, n_children)  # the replay is this very value
+            record["grid"][f"{name}-n{n}"] = record["replay"] if own else float(check.acceptance(p, q, n))
+            if (n, check.draft) not in optima:
+                optima[n, check.draft] = float(theory.optimal_acceptance(p, q, n, draft=check.draft))
+            record["bound"][f"{name}-n{n}"] = optima[n, check.draft]
     return record
 
 

@@ -124,6 +124,28 @@ def test_temperature_zero_acceptance_is_decided_by_the_rank_of_the_target_argmax
     assert record["confidence"] == pytest.approx(softmax.max())
 
 
+def test_temperature_one_record_holds_the_theory_exact_values_computed_once_each():
+    """Shared values (rank 1 = the chain, the run's own verifier in the grid = the replay, one alpha* per draft
+    law and n) are reused, each at its own key."""
+    rng = np.random.default_rng(5)
+    p, q = rng.dirichlet(np.full(12, 0.5)), rng.dirichlet(np.full(12, 0.5))
+    grid = (("rrs", 2), ("rrs", 4), ("kseq", 2), ("optimal", 4), ("spechub", 2))
+    record = event_record(
+        p, q, np.log(q), temperature=1.0, depth=0, n_children=4, accepted=True, verifier="optimal", grid=grid
+    )
+    wor = theory.verifier("rrs_wor")
+    assert record["chain"] == pytest.approx(theory.acceptance_rate(p, q), abs=1e-15)
+    ranks = [wor.acceptance(p, q, 1), wor.acceptance(p, q, 2) - wor.acceptance(p, q, 1)]
+    assert record["ranks"] == pytest.approx(ranks, abs=1e-12)
+    assert record["replay"] == pytest.approx(theory.verifier("optimal").acceptance(p, q, 4), abs=1e-12)
+    for name, n in grid:
+        check = theory.verifier(name)
+        assert record["grid"][f"{name}-n{n}"] == pytest.approx(check.acceptance(p, q, n), abs=1e-12)
+        optimum = theory.optimal_acceptance(p, q, n, draft=check.draft)
+        assert record["bound"][f"{name}-n{n}"] == pytest.approx(optimum, abs=1e-12)
+    assert record["bound"]["spechub-n2"] != pytest.approx(record["bound"]["rrs-n2"], abs=1e-6)  # not vacuous
+
+
 def test_a_shallow_depth_without_enough_events_reuses_the_estimate_above_it():
     records = [
         {"depth": 0, "chain": 0.5, "ranks": [0.5, 0.1], "confidence": 0.5, "grid": {}, "bound": {}}
