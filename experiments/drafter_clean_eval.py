@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from executor.drafters.feature import FeatureDrafter
+    from executor.training.checkpoint import read_card
     from executor.training.corpus import Corpus, default_corpus, documents_read, load_corpus
     from executor.training.features import load_features, prepare_features
     from executor.training.trainer import chunk_agreements
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     stdlib = default_corpus()
     read: set[str] = set()
     for checkpoint in args.checkpoints:
-        card = json.loads((checkpoint / "card.json").read_text())
+        card = read_card(checkpoint)
         name = card["corpus"]["name"]
         corpus = stdlib if name.startswith("stdlib-") else load_corpus(name)
         docs = documents_read(corpus, tokenizer.encode, card["corpus"]["train_tokens"])

@@ -31,7 +31,6 @@ a step carries the same number ``m`` of prompt tokens (the paper lets it vary fr
 from __future__ import annotations
 
 import io
-import json
 import math
 import time
 from pathlib import Path
@@ -413,9 +412,11 @@ def cached_prompt_tokens(
     do not depend on the machine's load). The job is resumable: its state is saved in that directory's
     ``partial.pt`` every 20 steps and picked up by the next call with the same recipe."""
     from executor.training.checkpoint import (
+        CARD_NAME,
         default_checkpoint_dir,
         load_checkpoint,
         model_fingerprint,
+        read_card,
         save_checkpoint,
     )
 
@@ -432,7 +433,7 @@ def cached_prompt_tokens(
         recipe["schedule"] = schedule
     directory = default_checkpoint_dir(KIND, model_fingerprint(target), recipe)
     prompts = PromptTokens(target, count, seed)
-    if (directory / "card.json").is_file():
+    if (directory / CARD_NAME).is_file():
         tensors, card = load_checkpoint(directory, target=target, kind=KIND)
         with torch.no_grad():
             prompts.embeddings.copy_(tensors["embeddings"])
@@ -455,7 +456,7 @@ def cached_prompt_tokens(
         directory, {"embeddings": prompts.embeddings.detach()}, {**card, "target": model_fingerprint(target)}
     )
     (directory / "partial.pt").unlink(missing_ok=True)
-    return prompts, {**json.loads((directory / "card.json").read_text()), "cached": False}
+    return prompts, {**read_card(directory), "cached": False}
 
 
 class PPD(Method):

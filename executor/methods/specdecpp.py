@@ -363,6 +363,7 @@ def cached_acceptance_head(
     ``$XDG_CACHE_HOME/specbound/drafters/specdecpp-head-*``) an acceptance head on chains drafted from
     standard-library prompts; returns the head and its card (``seconds``: data and training)."""
     from executor.training.checkpoint import (
+        CARD_NAME,
         default_checkpoint_dir,
         load_checkpoint,
         model_fingerprint,
@@ -384,7 +385,7 @@ def cached_acceptance_head(
     }
     fingerprint = model_fingerprint(target)  # hashes sampled weights: once per call
     directory = default_checkpoint_dir(KIND, fingerprint, recipe)
-    if (directory / "card.json").is_file():
+    if (directory / CARD_NAME).is_file():
         tensors, card = load_checkpoint(directory, target=target, kind=KIND)
         head = AcceptanceHead(tensors["block.weight"].shape[0] - STATISTICS, depth)
         head.load_state_dict(tensors)

@@ -12,7 +12,6 @@ the optimizer state, the step and the random state to ``train_state.pt`` (atomic
 from __future__ import annotations
 
 import io
-import json
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, save_checkpoint
+from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, read_card, save_checkpoint
 
 __all__ = ["STATE_NAME", "agreement_sums", "finish_checkpoint", "ridge_solve", "rms", "run_budgeted"]
 
@@ -172,4 +171,4 @@ def finish_checkpoint(head, target, out_dir: Path, kind: str, config, record: di
         **fields,
     }
     save_checkpoint(out_dir, dict(head.state_dict()), card)
-    return json.loads((out_dir / "card.json").read_text())
+    return read_card(out_dir)

@@ -78,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from executor.training.checkpoint import read_card
     from executor.training.trainer import TrainConfig, train_drafter
     from executor.weights import load_model
     from experiments.commands import check_writable, set_torch_threads
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("specbound train-drafter: interrupted; run the same command again to resume")
         return 130
-    card = json.loads((path / "card.json").read_text())
+    card = read_card(path)
     if args.json:
         print(json.dumps(card, indent=2))
     else:
