@@ -171,11 +171,13 @@ def run_generation(
     grid: tuple[tuple[str, int], ...] = (),
     log_path=None,
     log_top_k: int | None = None,
+    event_records: bool = True,
 ) -> dict:
     """Generate once and return the unit record: counts, times, acceptance by position and event records.
 
     With ``log_path``, the drafted positions' ``(p, q)`` are also written there in the project's log format
-    (:func:`write_unit_log`).
+    (:func:`write_unit_log`). ``event_records=False`` leaves ``records`` empty: the theory's exact values at
+    every event cost milliseconds each at a real vocabulary, and a unit timed for its overhead keeps none.
     """
     import torch
 
@@ -193,7 +195,7 @@ def run_generation(
     depth = max((len(s.accepted) for s in result.steps), default=0)
     reached = [sum(1 for s in result.steps if s.n_accepted > i) for i in range(depth)]
     records = []
-    if recorder is not None:
+    if recorder is not None and event_records:
         verifier = "rrs" if decoder.kind in ("chain", "stop") else decoder.verifier
         for step, logits in zip(result.steps, recorder.logits_per_step, strict=True):
             events = list(verification_events(step))
@@ -492,8 +494,8 @@ def run_apriori(
             if path.exists():
                 steps += _load(path)["steps"]
             else:
-                record = generate(decoder, t, index, 2000, calibration=pending[t][0])
-                _write_json({"prompt": index, **record, "records": []}, path)
+                record = generate(decoder, t, index, 2000, calibration=pending[t][0], event_records=False)
+                _write_json({"prompt": index, **record}, path)
                 steps += record["steps"]
             if steps >= overhead_steps(config):
                 break

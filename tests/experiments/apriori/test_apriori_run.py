@@ -222,9 +222,10 @@ def test_predictions_depend_on_the_calibration_half_only(tiny_run, tmp_path):
         build_report(config, out, "early-exit:5")
 
 
-def recorded_generations(tiny_run, out, *options: str) -> list[tuple]:
+def recorded_generations(tiny_run, out, *options: str, event_records: list | None = None) -> list[tuple]:
     """Run the quick validation into ``out`` (with command-line ``options``) and return ``(seed, temperature,
-    decoder label)`` of every generation, in the order they ran."""
+    decoder label)`` of every generation, in the order they ran; ``event_records`` (a list) receives
+    ``(seed, whether the generation computed event records)`` of each."""
     import experiments.apriori.run as run
 
     _, patch = tiny_run
@@ -233,6 +234,8 @@ def recorded_generations(tiny_run, out, *options: str) -> list[tuple]:
 
     def recording(decoder, model, prompt, **kwargs):
         calls.append((kwargs["seed"], kwargs["temperature"], decoder.label))
+        if event_records is not None:
+            event_records.append((kwargs["seed"], kwargs.get("event_records", True)))
         return real(decoder, model, prompt, **kwargs)
 
     patch.setattr(run, "run_generation", recording)
@@ -246,8 +249,12 @@ def recorded_generations(tiny_run, out, *options: str) -> list[tuple]:
 def test_temperatures_take_turns_in_the_overhead_and_evaluation_runs(tiny_run, tmp_path):
     """A drift of the machine's speed must hit both temperatures alike: the overhead runs alternate between
     the temperatures configuration by configuration, and the evaluation runs go prompt by prompt, both
-    temperatures within each prompt (before, every T = 0 unit ran before every T = 1 unit)."""
-    calls = recorded_generations(tiny_run, tmp_path / "run")
+    temperatures within each prompt (before, every T = 0 unit ran before every T = 1 unit). The overhead runs
+    alone skip the event records (they keep none, and each record costs the theory milliseconds)."""
+    flags: list = []
+    calls = recorded_generations(tiny_run, tmp_path / "run", event_records=flags)
+    assert {computed for seed, computed in flags if 2000 <= seed < 3000} == {False}
+    assert {computed for seed, computed in flags if not 2000 <= seed < 3000} == {True}
     calls = [call for call in calls if not call[2].startswith("calibration")]
     overhead = [(t, label) for seed, t, label in calls if seed >= 2000]
     # a configuration runs on further calibration prompts until it has enough steps: one turn per configuration
