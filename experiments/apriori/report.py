@@ -73,6 +73,27 @@ def baseline_of(unit: dict, ar_unit: dict) -> dict:
     return {key: sum(r[key] for r in references) for key in references[0]}
 
 
+def bracket_spread(units) -> dict | None:
+    """How far plain decoding's speed moved across each evaluation unit: ``|ln(v_before / v_after)|`` of the two
+    plain-decoding runs that bracketed it. Returns the units counted, ``median_change`` (the median as a relative
+    change, ``e^median - 1``) and ``over_10pct`` (units whose brackets differ by more than 10%); ``None`` when no
+    unit has both brackets. On a machine whose speed moves by 10% within seconds, a speedup cannot be measured to
+    10% (docs/validate.md)."""
+    moves = []
+    for unit in units:
+        references = unit.get("reference") or []
+        if len(references) == 2 and all(r["tokens"] > 0 and r["seconds"] > 0 for r in references):
+            before, after = (r["tokens"] / r["seconds"] for r in references)
+            moves.append(abs(math.log(before / after)))
+    if not moves:
+        return None
+    return {
+        "units": len(moves),
+        "median_change": math.expm1(float(np.median(moves))),
+        "over_10pct": int(np.sum(np.array(moves) > math.log(1.1))),
+    }
+
+
 def evaluate_rows(
     temperature: float,
     cal: Calibration,
@@ -272,6 +293,7 @@ def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
         "multidraft": {},
         "rows": [],
     }
+    evaluated: list[dict] = []
     for t in config.temperatures:
         stored = _load(out / f"predictions-{_tag(t)}.json")
         cal = calibrate_from_units(
@@ -285,6 +307,7 @@ def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
         for path in sorted((out / "units").glob(f"eval-{_tag(t)}--*.json")):
             unit = _load(path)
             units.setdefault(unit["decoder"], []).append(unit)
+            evaluated.append(unit)
         report["calibration"][_tag(t)] = cal.to_json()
         report["planning"][_tag(t)] = stored["planning"]
         calib_units = [_load(p) for p in sorted((out / "units").glob(f"calib-{_tag(t)}--*.json"))]
@@ -297,6 +320,7 @@ def build_report(config, out, drafter: str, *, drafter_note: str = "") -> dict:
         )
         report["rows"] += rows
         report["multidraft"][_tag(t)] = multidraft_table(cal, rows)
+    report["bracket_spread"] = bracket_spread(evaluated)
     write_json(
         {"rows": report["rows"], **{k: v for k, v in report.items() if k != "rows"}},
         str(out / "results.json"),
@@ -319,6 +343,19 @@ def _pass_times_sentence(calibrations: dict) -> str:
         " The predictions charge each step's draft passes as the calibration chains measured them, on the "
         "profile's scale (first pass, second, ...): " + "; ".join(parts) + "."
     )
+
+
+def _spread_sentence(spread: dict | None) -> str:
+    """The machine's own noise, next to the 10% criterion it limits (:func:`bracket_spread`)."""
+    if not spread:
+        return ""
+    sentence = (
+        f" Plain decoding before and after each unit ran at speeds a median {100 * spread['median_change']:.1f}% "
+        f"apart, more than 10% apart around {spread['over_10pct']} of {spread['units']} units"
+    )
+    if spread["over_10pct"] > spread["units"] / 4:
+        return sentence + ": the machine's speed moved by as much as the 10% criterion allows."
+    return sentence + "."
 
 
 def multidraft_table(cal: Calibration, rows: list[dict]) -> list[dict]:
@@ -442,7 +479,8 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         f"joint interval); {close} of {len(rows)} speedup predictions within 10%, where exact predictions would "
         f"give {expected:.1f} on average: *chance if exact* is the share of the two halves' bootstrap samples "
         "(unbiased spread, normal shape) whose ratio, each centred on its own estimate, stays within 10%: the "
-        "prompts' sampling alone (an estimate: over a few prompts the spread is itself uncertain).",
+        "prompts' sampling alone (an estimate: over a few prompts the spread is itself uncertain)."
+        + _spread_sentence(report.get("bracket_spread")),
         "",
         "Step model: target pass t(size) + draft passes + the configuration's overhead per step (verification, "
         "sampling, logging; measured on the first calibration prompt). Speedup without the overheads and, for "
