@@ -1,7 +1,7 @@
 """The decoders, one module each, sharing the decoding state, the KV-cache handling and the step loop."""
 
 from executor.decoders.autoregressive import AutoregressiveDecoder
-from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, run_tree
+from executor.decoders.base import Decoder, DecodingState, DraftTree, PrefillCache, Sampling, run_tree
 from executor.decoders.chain import ChainDecoder, ConfidenceStop
 from executor.decoders.falcon_tree import falcon_tree
 from executor.decoders.multidraft import MultiDraftDecoder
@@ -16,6 +16,7 @@ __all__ = [
     "DraftTree",
     "DynamicTree",
     "MultiDraftDecoder",
+    "PrefillCache",
     "Sampling",
     "TREE_VERIFIERS",
     "TreeDecoder",

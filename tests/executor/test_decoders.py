@@ -18,6 +18,7 @@ from executor.decoders import (
     DraftTree,
     DynamicTree,
     MultiDraftDecoder,
+    PrefillCache,
     Sampling,
     TreeDecoder,
     run_tree,
@@ -312,6 +313,74 @@ def test_every_greedy_decoder_equals_autoregressive_greedy_on_a_tiny_model(tiny_
         reference = AutoregressiveDecoder(target).generate(prompt, 40).token_ids
         for name, decoder in greedy_decoders(target, draft_model).items():
             assert decoder.generate(prompt, 40).token_ids == reference, name
+
+
+# --------------------------------------------------------------------------------------------------------
+# Prefill cache
+
+
+def prefill_decoders(target, draft_model) -> dict:
+    """Greedy decoders, sampled ones, and chains with the feature head (which reads the prompt's hidden states)."""
+    from tests.executor.test_drafters_feature import drafter_for
+
+    sampled = Sampling(temperature=1.0)
+    return {
+        **greedy_decoders(target, draft_model),
+        "ar-t1": AutoregressiveDecoder(target, sampling=sampled),
+        "multidraft-t1": MultiDraftDecoder(target, ModelDrafter(draft_model), n=3, sampling=sampled),
+        "tree-t1": TreeDecoder(target, EarlyExitDrafter(target, 1), tree=[-1, 0, 0, 1], sampling=sampled),
+        "feature": ChainDecoder(target, drafter_for(target), gamma=3),
+        "feature-t1": ChainDecoder(target, drafter_for(target), gamma=3, sampling=sampled),
+    }
+
+
+def generation_trace(decoder, prompt, cache=None) -> tuple:
+    result = decoder.generate(prompt, 24, generator=torch.Generator().manual_seed(7), prefill_cache=cache)
+    return result.token_ids, [(step.tokens, step.n_accepted) for step in result.steps]
+
+
+def test_a_prefill_copied_from_the_cache_reproduces_every_decoder_step_for_step(tiny_model):
+    target = tiny_model(21, vocab_size=16, max_seq_len=128)
+    decoders = prefill_decoders(target, tiny_model(22, vocab_size=16, max_seq_len=128))
+    cache = PrefillCache(target)
+    prompts = ([1, 2, 3, 4], [7, 7, 1, 9, 7, 7], [5])
+    for name, decoder in decoders.items():
+        for prompt in prompts:
+            # The first use keeps the prefill (the first decoder's), every later one copies it.
+            reference = generation_trace(decoder, prompt)
+            assert generation_trace(decoder, prompt, cache) == reference, (name, prompt)
+            assert generation_trace(decoder, prompt, cache) == reference, (name, prompt)
+    assert len(cache) == 2  # a one-token prompt has nothing to prefill
+
+
+def test_the_cache_is_what_a_generation_reads(tiny_model):
+    """Negative controls: values replaced in the cache change the sampled tokens (same seed); hidden states
+    moved there change what the feature head drafts but not the greedy tokens."""
+    target = tiny_model(21, vocab_size=16, max_seq_len=128)
+    decoders = prefill_decoders(target, tiny_model(22, vocab_size=16, max_seq_len=128))
+    prompt = [7, 7, 1, 9, 7, 7]
+    cache = PrefillCache(target)
+    sampled, feature = decoders["ar-t1"], decoders["feature"]  # this tiny model's greedy text repeats a token
+    tokens, _ = generation_trace(sampled, prompt, cache)
+    feature_tokens, steps = generation_trace(feature, prompt, cache)
+    (entry,) = cache._entries.values()
+    with torch.no_grad():
+        entry.hidden.mul_(-1.0)
+    moved_tokens, moved_steps = generation_trace(feature, prompt, cache)
+    assert moved_tokens == feature_tokens and moved_steps != steps
+    with torch.no_grad():
+        for _, values in entry.keys_values:
+            values.copy_(torch.randn(values.shape, generator=torch.Generator().manual_seed(0)))
+    assert generation_trace(sampled, prompt, cache)[0] != tokens
+
+
+def test_a_prefill_cache_of_another_model_is_refused(tiny_model):
+    target, other = (
+        tiny_model(0, vocab_size=VOCAB, max_seq_len=32),
+        tiny_model(1, vocab_size=VOCAB, max_seq_len=32),
+    )
+    with pytest.raises(ValueError, match="prefill_cache holds the prefills of another model"):
+        AutoregressiveDecoder(target).generate([1, 2, 3], 2, prefill_cache=PrefillCache(other))
 
 
 # --------------------------------------------------------------------------------------------------------
