@@ -75,8 +75,9 @@ class RecursiveRejectionSamplingWithoutReplacement(Verifier):
         support = np.flatnonzero((p > 0) & (q > 0))
         ratio = p[support] / q[support]
         order = np.argsort(ratio)
+        tokens = support[order]  # the support in ratio order
         below = np.searchsorted(ratio[order], scales, side="right")
-        return head_sums(p[support][order])[below] + scales * tail_sums(q[support][order])[below]
+        return head_sums(p[tokens])[below] + scales * tail_sums(q[tokens])[below]
 
     def _conditional(self, p, q, drafts):
         count = drafts.shape[0]
