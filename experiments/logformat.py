@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,12 @@ TOPK_FORMAT = "specbound-topk/1"
 TOPK_ARRAYS = ("p_ids", "p_logprobs", "q_ids", "q_logprobs")
 #: Default bytes of one streamed chunk (all arrays of the chunk together).
 CHUNK_BYTES = 32 << 20
+#: Serialises ``.npy`` header parsing across threads. numpy parses a header with ``ast.literal_eval``, and
+#: CPython 3.11 keeps the AST constructor's recursion count per interpreter, not per thread: two threads
+#: reading headers at once (the workers of a threaded Dask cluster, ``bound --logs``) can fail with
+#: ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905; seen in this project's CI).
+#: A header is a few hundred bytes, so the lock costs nothing measurable.
+_HEADER_LOCK = threading.Lock()
 
 
 class LogError(ValueError):
@@ -97,11 +104,14 @@ class _MemberStream:
 
     def __init__(self, archive: zipfile.ZipFile, name: str):
         self.stream = archive.open(name + ".npy")
-        version = np.lib.format.read_magic(self.stream)
-        reader = (
-            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        )
-        self.shape, fortran, self.dtype = reader(self.stream)
+        with _HEADER_LOCK:
+            version = np.lib.format.read_magic(self.stream)
+            reader = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            self.shape, fortran, self.dtype = reader(self.stream)
         if fortran and len(self.shape) > 1:
             raise LogError(f"array {name!r} is stored in Fortran order; write C-ordered arrays")
         if self.dtype.hasobject:

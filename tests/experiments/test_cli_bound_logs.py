@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -60,6 +63,32 @@ def test_streamed_chunks_equal_the_whole_arrays_for_stored_and_compressed_archiv
         parts = list(shard.chunks(max_bytes=3 * shard.row_bytes))
         assert [start for start, _ in parts] == [0, 3] and shard.kind == "full"
         np.testing.assert_array_equal(np.concatenate([c["p"] for _, c in parts]), p)
+
+
+def test_no_two_threads_parse_an_npy_header_at_once(full_log, monkeypatch):
+    """numpy parses headers with ``ast.literal_eval``, which CPython 3.11 does not make thread-safe: shards
+    opened by the threads of one Dask worker must take turns (``logformat._HEADER_LOCK``)."""
+    path, _, _ = full_log
+    real_reader = np.lib.format.read_array_header_1_0
+    lock = threading.Lock()
+    state = {"inside": 0, "most": 0}
+
+    def slow_reader(stream, *arguments, **options):
+        with lock:
+            state["inside"] += 1
+            state["most"] = max(state["most"], state["inside"])
+        time.sleep(0.002)  # long enough for the other threads to arrive
+        try:
+            return real_reader(stream, *arguments, **options)
+        finally:
+            with lock:
+                state["inside"] -= 1
+
+    monkeypatch.setattr(np.lib.format, "read_array_header_1_0", slow_reader)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        shards = list(pool.map(LogShard.open, [path] * 8))
+    assert all(shard.kind == "full" for shard in shards)
+    assert state["most"] == 1
 
 
 def test_bound_json_reports_mean_low_high_per_law_and_n_with_shard_counts(full_log, tmp_path, capsys):
