@@ -84,6 +84,10 @@ NEGLIGIBLE_Q = 1e-300
 GROUPED_MIN_ROOM = RETRY_SHORTFALL
 #: Default ``group_below`` of :func:`optimal_verifier`: lighter tokens may share a ratio-bucket item.
 GROUP_BELOW = OWN_UNIT_MASS
+#: Rows whose draft support is below this fraction of the vocabulary are cut to it before the grouped build
+#: (:func:`_build_row`). On 196 logged pairs of the default head (V = 49,152, support 9,705) the median build
+#: went from 4.05 / 6.72 / 7.34 ms to 3.00 / 5.34 / 5.88 ms at n = 2 / 4 / 8 (interleaved, same tables).
+CUT_SUPPORT_BELOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -375,20 +379,28 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fi
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
     positive = q >= NEGLIGIBLE_Q
-    full = bool(positive.all())  # the usual LM case: no gathers and scatters over the vocabulary
+    full = bool(positive.all())  # a full-vocabulary draft: no gathers and scatters over the vocabulary
+    support = None if full else np.flatnonzero(positive)
+    # The grouped path passes over every token it is given (~15 times). A draft that leaves out most of the
+    # vocabulary (a drafter with a reduced vocabulary: 9,705 of SmolLM2's 49,152 tokens for the default head)
+    # is cut to its support first; a row with fewer absent tokens is passed whole, the absent ones rekeyed
+    # by bucketed (no copy). Both give the same tables (the same sums over the same tokens in the same order).
+    cut = support is not None and support.shape[0] < CUT_SUPPORT_BELOW * vocab
+    ps, qs = (p[support], q[support]) if cut else (p, q)
     built = None
-    if group_below > 0:  # the whole row, tokens with q = 0 or negligible left out by bucketed (no copy)
-        absent = None if full else np.flatnonzero(~positive)
-        items = _buckets.bucketed(p, q, n, group_below, TIGHT, absent)
-        built = _build_items(items, n, GROUPED_MIN_ROOM, item_fit)
+    if group_below > 0:
+        absent = np.flatnonzero(~positive) if support is not None and not cut else None
+        built = _build_items(
+            _buckets.bucketed(ps, qs, n, group_below, TIGHT, absent), n, GROUPED_MIN_ROOM, item_fit
+        )
         if built is not None and built[5] - built[4] > RETRY_SHORTFALL:  # the grouping cost acceptance
             built = None  # the exact path instead
-        elif built is not None and not full:  # the tokens left out already point at one extra item
+        elif built is not None and absent is not None:  # the tokens left out already point at one extra item
             r, classes, logs, item, accepted, alpha, minimiser = built
             return _Tables(r, np.append(classes, -1), np.append(logs, 0.0), accepted, alpha, minimiser, item)
-    support = None if full else np.flatnonzero(positive)
     if built is None:
-        ps, qs = (p, q) if full else (p[support], q[support])
+        if support is not None and not cut:
+            ps, qs = p[support], q[support]
         built = _build_items(_buckets.singletons(ps, qs), n, item_fit=item_fit)
     r_support, classes, logs, item_support, accepted, alpha, minimiser = built
     if full:

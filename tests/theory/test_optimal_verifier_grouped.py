@@ -289,3 +289,29 @@ def test_a_whole_row_with_absent_tokens_gives_the_items_of_its_support(n):
 def test_unit_labels_are_compacted_as_np_unique_does(labels):
     labels = np.array(labels, dtype=np.int64)
     assert np.array_equal(module._compact(labels), np.unique(labels, return_inverse=True)[1])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_row_cut_to_its_draft_support_builds_the_tables_of_the_whole_row(monkeypatch, n):
+    """A reduced-vocabulary drafter (q = 0 on 80% of the tokens) is built on its support and scattered back;
+    the same row passed whole, its absent tokens rekeyed, must give the same tables."""
+    rng = np.random.default_rng(n)
+    p, q = lm_like_pair(rng, 20_000)
+    q[rng.permutation(20_000)[:16_000]] = 0.0
+    q = _normalised(q)
+    given_sizes = []
+    original = buckets.bucketed
+    monkeypatch.setattr(
+        buckets,
+        "bucketed",
+        lambda ps, *args, **kwargs: given_sizes.append(ps.shape[0]) or original(ps, *args, **kwargs),
+    )
+    cut = optimal_verifier(p, q, n)
+    monkeypatch.setattr(module, "CUT_SUPPORT_BELOW", 0.0)
+    whole = optimal_verifier(p, q, n)
+    assert given_sizes == [4_000, 20_000]
+    np.testing.assert_array_equal(cut.marginal, whole.marginal)
+    np.testing.assert_array_equal(cut.class_id, whole.class_id)
+    np.testing.assert_array_equal(cut.log_weight, whole.log_weight)
+    assert cut.acceptance == pytest.approx(whole.acceptance, rel=0, abs=1e-15)
+    assert cut.shortfall <= 1e-9 and (cut.marginal[q == 0] == 0).all()
