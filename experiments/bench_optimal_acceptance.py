@@ -11,10 +11,8 @@ JSON (atomically). The recorded table is in ``docs/benchmarks/optimal_acceptance
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -140,11 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "oracles": oracles,
     }
+    from executor.files import write_json
+
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as handle:
-        json.dump(report, handle, indent=2)
-    os.replace(handle.name, out)
+    write_json(report, out)
     print(f"wrote {out}")
     return 0
 

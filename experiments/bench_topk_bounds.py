@@ -177,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                     json.dumps({k: report["cases"][label][k] for k in ("positions_per_cpu_s", "speedup")}),
                 )
     report["machine"]["load_1min_end"] = os.getloadavg()[0]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(args.out).with_suffix(".tmp")
-    temporary.write_text(json.dumps(report, indent=2))
-    os.replace(temporary, args.out)
+    from executor.files import write_json
+
+    write_json(report, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -210,9 +210,9 @@ def main(argv=None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        from executor.training.checkpoint import atomic_write_bytes
+        from executor.files import write_bytes
 
-        atomic_write_bytes(args.out, text.encode())
+        write_bytes(text.encode(), args.out)
     return 0
 
 

@@ -132,9 +132,9 @@ def main(argv=None) -> int:
         )
         print(json.dumps(report["decoding_other"], indent=2), flush=True)
     if args.out:
-        from executor.training.checkpoint import atomic_write_bytes
+        from executor.files import write_bytes
 
-        atomic_write_bytes(args.out, json.dumps(report, indent=2).encode())
+        write_bytes(json.dumps(report, indent=2).encode(), args.out)
     return 0
 
 

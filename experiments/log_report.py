@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -85,6 +84,8 @@ def plot(report: dict, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from executor.files import atomic_path
+
     ns = report["n"]
     figure, axes = plt.subplots(2, 2, figsize=(11, 8))
     (left, right), (means, hists) = axes
@@ -121,11 +122,9 @@ def plot(report: dict, path: str | os.PathLike) -> None:
     right.legend(fontsize=7)
     _plot_features(report, means, hists)
     figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
+    with atomic_path(path, suffix=".png") as temporary:
+        figure.savefig(temporary, dpi=110)
     plt.close(figure)
-    os.replace(temporary, path)
 
 
 def _plot_features(report: dict, means, hists) -> None:

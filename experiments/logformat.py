@@ -13,11 +13,9 @@ stays bounded by the chunk size whatever the shard size.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -66,16 +64,10 @@ def top_k_arrays(p: np.ndarray, q: np.ndarray, k: int, k_draft: int | None = Non
 
 
 def _atomic_savez(path: str | os.PathLike, arrays: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **arrays)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    from executor.files import atomic_path  # here, not at the top: this module stays free of torch at import
+
+    with atomic_path(path, suffix=".npz") as temporary:
+        np.savez(temporary, **arrays)
 
 
 def write_full_log(path, p, q, *, n: int | None = None, temperature=None) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -295,7 +294,7 @@ def _note(row: dict) -> str:
 
 
 def build_report(config, out) -> dict:
-    from executor.files import write_json
+    from executor.files import write_json, write_text
 
     out = Path(out)
     rows = [summarise_unit(json.loads(p.read_text())) for p in sorted((out / "units").glob("*.json"))]
@@ -303,9 +302,7 @@ def build_report(config, out) -> dict:
     rows.sort(key=lambda r: (order.get(r["method"], len(order)), r["temperature"]))
     report = {"config": asdict(config), "rows": rows}
     write_json(report, out / "methods.json")
-    temporary = out / "methods.md.tmp"
-    temporary.write_text(render_markdown(report))
-    os.replace(temporary, out / "methods.md")
+    write_text(render_markdown(report), out / "methods.md")
     plot(report, out / "methods.png")
     return report
 
@@ -384,6 +381,8 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from executor.files import atomic_path
+
     rows = report["rows"]
     labels = [f"{r['method']}\nT={r['temperature']:g}" for r in rows]
     x = np.arange(len(rows))
@@ -399,7 +398,6 @@ def plot(report: dict, path: Path) -> None:
         axes.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
         axes.legend(fontsize=8)
     figure.tight_layout()
-    temporary = path.with_suffix(".tmp.png")
-    figure.savefig(temporary, dpi=110)
+    with atomic_path(path, suffix=".png") as temporary:
+        figure.savefig(temporary, dpi=110)
     plt.close(figure)
-    os.replace(temporary, path)

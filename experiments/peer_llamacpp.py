@@ -22,7 +22,6 @@ checks the two agree token for token).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,24 +83,18 @@ def weights_path(weights: str, *, source: str | os.PathLike | None = None) -> Pa
     target = cache_dir() / f"{source.stem}-{stat.st_size}-{int(stat.st_mtime)}-{weights}.gguf"
     if target.is_file():
         return target
+    from executor.files import atomic_path
+
     llama_cpp = import_llama_cpp()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".gguf.tmp")
-    os.close(handle)
-    try:
+    with atomic_path(target, suffix=".gguf") as temporary:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = WEIGHTS[weights]
         params.allow_requantize = True  # the source is Q4_1: dequantise every block first
         status = llama_cpp.llama_model_quantize(
-            str(source).encode(), temporary.encode(), llama_cpp.ctypes.byref(params)
+            str(source).encode(), str(temporary).encode(), llama_cpp.ctypes.byref(params)
         )
         if status != 0:
             raise ValueError(f"llama_model_quantize failed ({status}) making {weights} from {source}")
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache is an ordinary file
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
     return target
 
 

@@ -13,12 +13,11 @@ them (``p``, ``q``) atomically, and a JSON summary next to them (``pairs.json``:
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from executor.files import atomic_path
 from executor.logs import step_distributions
 
 PROMPTS = (
@@ -106,15 +105,8 @@ def summary(p: np.ndarray, q: np.ndarray, temperature: float, drafter: str, step
 
 def save_pairs(p: np.ndarray, q: np.ndarray, path: Path) -> None:
     """``p``, ``q`` to ``path`` (``.npz``), written to a temporary file and moved into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz")
-    os.close(handle)
-    try:
+    with atomic_path(path, suffix=".npz") as temporary:
         np.savez(temporary, p=p, q=q)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
 
 
 def main(argv: list[str] | None = None, *, model=None, tokenizer=None) -> int:

@@ -38,13 +38,6 @@ def shard_key(path: str, settings: dict) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def _write_json_atomic(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, path)
-
-
 def find_shards(pattern: str) -> list[str]:
     paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if not paths:
@@ -95,10 +88,12 @@ def run_sharded(
         else:
             todo.append((path, file))
 
+    from executor.files import write_json  # here: workers and the module stay free of torch at import
+
     def store(path: str, file: Path | None, result: dict) -> None:
         results[path] = result
         if file is not None and "error" not in result:
-            _write_json_atomic(file, result)
+            write_json(result, file, indent=None)
 
     from tqdm import tqdm
 

@@ -41,9 +41,9 @@ from torch import nn
 
 from executor.decoders import TreeDecoder
 from executor.decoders.base import DraftTree, commit_path, tree_step_log
+from executor.files import write_bytes
 from executor.logs import StepLog
 from executor.methods.base import Method, Prediction
-from executor.training.checkpoint import atomic_write_bytes
 from theory.checks import as_choice, as_count
 from theory.trees import Tree
 
@@ -354,7 +354,7 @@ def train_prompt_tokens(
                 "initial": initial,
             }
             torch.save(state, buffer)
-            atomic_write_bytes(Path(resume), buffer.getvalue())
+            write_bytes(buffer.getvalue(), Path(resume))
 
     start, cpu_start = time.perf_counter(), time.process_time()
     bar = tqdm(

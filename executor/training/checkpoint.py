@@ -21,15 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from executor.files import write_bytes
+
 __all__ = [
     "CARD_NAME",
     "WEIGHTS_NAME",
-    "atomic_write_bytes",
     "cache_root",
     "checkpoint_key",
     "default_checkpoint_dir",
@@ -47,22 +47,6 @@ def cache_root() -> Path:
     """``$XDG_CACHE_HOME/specbound`` (default ``~/.cache/specbound``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specbound"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, then ``os.replace`` it (never a half file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def model_fingerprint(model) -> dict:
@@ -99,8 +83,8 @@ def save_checkpoint(directory: str | Path, tensors: dict[str, torch.Tensor], car
     directory = Path(directory)
     data = save({name: t.detach().to("cpu").contiguous() for name, t in tensors.items()})
     card = {**card, "format": FORMAT, "weights_sha256": hashlib.sha256(data).hexdigest()}
-    atomic_write_bytes(directory / WEIGHTS_NAME, data)
-    atomic_write_bytes(directory / CARD_NAME, json.dumps(card, indent=2, sort_keys=True).encode())
+    write_bytes(data, directory / WEIGHTS_NAME)
+    write_bytes(json.dumps(card, indent=2, sort_keys=True).encode(), directory / CARD_NAME)
     return directory
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from executor.training.checkpoint import atomic_write_bytes, cache_root
+from executor.files import write_bytes
+from executor.training.checkpoint import cache_root
 from executor.training.corpus import tokenize_chunks
 
 __all__ = [
@@ -91,7 +92,7 @@ def _reuse_shard(path: Path, part: list[list[int]], reuse: list[Path]) -> bool:
         with safe_open(str(source), framework="pt") as handle:
             if "tokens" not in handle.keys() or not torch.equal(handle.get_tensor("tokens"), expected):
                 continue
-        atomic_write_bytes(path, source.read_bytes())
+        write_bytes(source.read_bytes(), path)
         return True
     return False
 
@@ -176,8 +177,8 @@ def build_features(
                     "hidden": torch.cat(hidden_rows).contiguous(),
                     "topk_counts": counts,
                 }
-                atomic_write_bytes(path, save(tensors))
-    atomic_write_bytes(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+                write_bytes(save(tensors), path)
+    write_bytes(json.dumps(manifest, indent=2).encode(), directory / MANIFEST)
     return directory
 
 
@@ -248,5 +249,5 @@ def prepare_features(
     }
     reuse = sibling_caches(directory, info)
     build_features(target, splits, directory, storage_dtype=storage_dtype, progress=progress, reuse=reuse)
-    atomic_write_bytes(directory / "corpus.json", json.dumps(info, indent=2).encode())
+    write_bytes(json.dumps(info, indent=2).encode(), directory / "corpus.json")
     return directory

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from executor.training.checkpoint import atomic_write_bytes
+from executor.files import write_bytes
 from executor.training.features import MANIFEST
 
 __all__ = ["add_layer_features", "load_layer_features", "shallow_forward"]
@@ -92,7 +92,7 @@ def add_layer_features(
                     bar.update(min(batch_size, len(tokens) - start))
             for k in missing:
                 data = save({"hidden": torch.cat(rows[k]).contiguous()})
-                atomic_write_bytes(_layer_path(directory, split, index, k), data)
+                write_bytes(data, _layer_path(directory, split, index, k))
     return directory
 
 

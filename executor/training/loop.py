@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from executor.training.checkpoint import atomic_write_bytes, model_fingerprint, read_card, save_checkpoint
+from executor.files import write_bytes
+from executor.training.checkpoint import model_fingerprint, read_card, save_checkpoint
 
 __all__ = ["STATE_NAME", "agreement_sums", "finish_checkpoint", "ridge_solve", "rms", "run_budgeted"]
 
@@ -73,7 +74,7 @@ def _save_state(path: Path, head, optimizer, progress: dict, generator) -> None:
         },
         buffer,
     )
-    atomic_write_bytes(path, buffer.getvalue())
+    write_bytes(buffer.getvalue(), path)
 
 
 def run_budgeted(

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from executor.training.checkpoint import CARD_NAME, atomic_write_bytes, model_fingerprint
+from executor.files import write_bytes
+from executor.training.checkpoint import CARD_NAME, model_fingerprint
 
 __all__ = [
     "RANKED_KINDS",
@@ -179,7 +180,7 @@ def score_checkpoint(path, target, tokenizer, documents=None, progress: bool = T
         "read": ranking_files_read(card, tokenizer.encode, documents),
     }
     card["ranking"] = entry
-    atomic_write_bytes(path / CARD_NAME, json.dumps(card, indent=2, sort_keys=True).encode())
+    write_bytes(json.dumps(card, indent=2, sort_keys=True).encode(), path / CARD_NAME)
     return entry
 
 

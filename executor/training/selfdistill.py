@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from executor.training.checkpoint import atomic_write_bytes, cache_root, model_fingerprint
+from executor.files import write_bytes
+from executor.training.checkpoint import cache_root, model_fingerprint
 from executor.training.features import MANIFEST, FeatureSet, build_features, load_features
 
 __all__ = [
@@ -188,7 +189,7 @@ def generate_continuations(
                 records.append({"start": start_id, "ids": ids + continuation, "generated": len(continuation)})
                 generated += len(continuation)
             text = "".join(json.dumps(record) + "\n" for record in records)
-            atomic_write_bytes(path, text.encode("utf-8"))
+            write_bytes(text.encode("utf-8"), path)
             bar.update(min(generated, tokens) - bar.n)
             batch += 1
     used, count = [], 0

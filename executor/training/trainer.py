@@ -363,7 +363,7 @@ def cached_teacher(target, train: FeatureSet, head, out_dir: Path, k: int, progr
     (:func:`executor.training.teacher.teacher_topk`) and kept in ``out_dir/teacher.safetensors`` for resumes."""
     from safetensors.torch import load_file, save
 
-    from executor.training.checkpoint import atomic_write_bytes
+    from executor.files import write_bytes
     from executor.training.teacher import Teacher, teacher_topk
 
     if k == 0:
@@ -381,7 +381,7 @@ def cached_teacher(target, train: FeatureSet, head, out_dir: Path, k: int, progr
             )
     else:
         teacher = teacher_topk(target, train, vocab, k, progress=progress)
-        atomic_write_bytes(path, save(teacher.tensors()))
+        write_bytes(save(teacher.tensors()), path)
     tail = float((1 - teacher.log_p.exp().sum(-1)).clamp_min(0).mean())
     return teacher, {"teacher": {"topk": k, "mean_tail_mass": tail, "seconds": time.perf_counter() - start}}
 

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +30,12 @@ def _colour(temperature: float) -> str:
 def _save(figure, path: Path) -> None:
     import matplotlib.pyplot as plt
 
+    from executor.files import atomic_path
+
     figure.tight_layout()
-    temporary = path.with_suffix(".tmp.png")
-    figure.savefig(temporary, dpi=110)
+    with atomic_path(path, suffix=".png") as temporary:
+        figure.savefig(temporary, dpi=110)
     plt.close(figure)
-    os.replace(temporary, path)
 
 
 def _diagonal(axes, rows, predicted: str, measured: str, interval: str, label: str) -> None:

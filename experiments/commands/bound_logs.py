@@ -103,13 +103,11 @@ def run_logs(args: argparse.Namespace) -> int:
         more = f" (and {shards['skipped_count'] - 3} more)" if shards["skipped_count"] > 3 else ""
         raise ValueError(f"--logs: no usable log among {shards['total']}: {reasons}{more}")
     if args.out is not None:
-        from experiments.sharded_bound import _write_json_atomic
+        from executor.files import write_json, write_text
 
         out = Path(args.out)
-        _write_json_atomic(out / "report.json", report)
-        markdown = render_markdown(report)
-        (out / ".report.md.tmp").write_text(markdown)
-        (out / ".report.md.tmp").replace(out / "report.md")
+        write_json(report, out / "report.json", indent=None)
+        write_text(render_markdown(report), out / "report.md")
         if report["positions"] > 0:
             plot(report, out / "bound_vs_n.png")
     print(json.dumps(report, indent=2) if args.json else render_markdown(report))
