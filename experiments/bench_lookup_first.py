@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
 import torch
 
 from executor.decoders import AutoregressiveDecoder, ChainDecoder, Sampling
 from executor.device import set_threads
 from executor.drafters import LookupFirstDrafter, PromptLookupDrafter, parse_drafter
+from executor.files import write_json
 from executor.weights import load_model
 from experiments.commands import add_compile_argument, compile_target
 from experiments.commands.bench import COMPILE_SIZES
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, row in table.items():
         print(f"{name:14s} {row['tokens_per_s']:7.2f} tok/s  {row['vs_ar']:.3f}x  tau {row['tau']:.3f}")
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump({"settings": vars(args), "rows": table}, handle, indent=1)
+        write_json({"settings": vars(args), "rows": table}, args.out)
 
 
 if __name__ == "__main__":
