@@ -19,6 +19,7 @@ import numpy as np
 
 from theory.checks import as_distribution, as_nonnegative
 from theory.draft_laws import check_draft_law, enumerate_drafts
+from theory.verifiers.base import Verifier
 
 
 @dataclass(frozen=True)
@@ -64,28 +65,30 @@ class LosslessReport:
 
 
 def check_lossless(
-    verify: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    verify: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | Verifier,
     p,
     q,
     n: int,
     *,
-    draft: str = "iid",
+    draft: str | None = None,
     tolerance: float = 1e-9,
 ) -> LosslessReport:
     r"""Check exactly whether a verifier is lossless for one target/draft pair.
 
     Parameters
     ----------
-    verify : callable
+    verify : callable or Verifier
         ``verify(p, q, drafts) -> (V,)``, the verifier's output distribution :math:`\pi(\cdot \mid \bar x)`
         given the ordered drafts ``drafts`` (an int array of shape ``(n,)``, in draw order). For example
-        ``theory.verifier("rrs").conditional``.
+        ``theory.verifier("rrs").conditional``; a :func:`theory.verifier` itself stands for its
+        ``conditional``.
     p, q : array_like, shape (V,)
         Target and draft distributions (``q`` is ``(n, V)`` for ``draft="independent"``).
     n : int
         Number of drafts.
-    draft : str
-        The draft law: ``"iid"``, ``"wor"``, ``"greedy"``, ``"spechub"`` or ``"independent"``.
+    draft : str, optional
+        The draft law: ``"iid"``, ``"wor"``, ``"greedy"``, ``"spechub"`` or ``"independent"``. Default: the
+        verifier's own law when ``verify`` is a :func:`theory.verifier`, else ``"iid"``.
     tolerance : float
         Largest accepted :math:`|\sum_{\bar x} P(\bar x)\pi(y \mid \bar x) - p(y)|`, and largest accepted
         deviation of each conditional from a distribution.
@@ -108,6 +111,10 @@ def check_lossless(
     >>> check_lossless(verifier("rrs").conditional, p, q, 2).lossless
     True
     """
+    if isinstance(verify, Verifier):
+        draft = verify.draft if draft is None else draft
+        verify = verify.conditional
+    draft = "iid" if draft is None else draft
     if not callable(verify):
         raise ValueError(f"verify must be a callable verify(p, q, drafts) -> (V,), got {verify!r}")
     tolerance = as_nonnegative(tolerance, "tolerance")

@@ -50,6 +50,19 @@ def test_every_shipped_verifier_passes_check_lossless(case):
         assert report.invalid_conditional is None
 
 
+def test_a_shipped_verifier_passed_itself_is_checked_under_its_own_draft_law():
+    """``check_lossless(verifier(name), ...)`` is ``check_lossless(verifier(name).conditional, ...,
+    draft=verifier(name).draft)``; an explicit ``draft`` still wins."""
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5])
+    for name in ("rrs", "rrs_wor", "greedy", "spechub"):
+        v = verifier(name)
+        itself, by_hand = check_lossless(v, p, q, 2), check_lossless(v.conditional, p, q, 2, draft=v.draft)
+        np.testing.assert_array_equal(itself.output_distribution, by_hand.output_distribution)
+        assert itself.lossless
+    with pytest.raises(ValueError, match="distinct"):  # i.i.d. tuples repeat tokens, which RRS-wor refuses
+        check_lossless(verifier("rrs_wor"), p, q, 2, draft="iid")
+
+
 @given(strategies.distribution_pairs(st.integers(1, 6)), strategies.draft_counts(3))
 def test_report_output_distribution_equals_verifier_output_distribution(pair, n):
     p, q = pair
