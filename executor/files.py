@@ -3,7 +3,7 @@
 A run that is interrupted never leaves a half-written file behind: the runs of ``specbound validate``, the
 benchmarks, the logs, the plots and training all write through :func:`atomic_path` (or its helpers). The file
 gets the mode of an ordinary new file, ``0o666`` less the process's umask, not the private ``0o600`` that
-:func:`tempfile.mkstemp` gives its temporaries: results and caches stay readable where the user's umask says so.
+:func:`tempfile.mkstemp` gives its temporaries: results and caches are as readable as the umask allows.
 """
 
 from __future__ import annotations
