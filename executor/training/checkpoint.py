@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 CARD_NAME = "card.json"
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (tensors' key, fingerprint)
 WEIGHTS_NAME = "weights.safetensors"
 FORMAT = 1
 
@@ -59,11 +61,23 @@ def model_fingerprint(model) -> dict:
     """
     if getattr(model, "source_fingerprint", None) is not None:
         return dict(model.source_fingerprint)
-    digest = hashlib.sha256(repr(sorted(vars(model.config).items())).encode())
+    config = repr(sorted(vars(model.config).items()))
+    # The hash reads the whole state dict (~30 ms for SmolLM2, whose fused weights are split and copied), and
+    # loading one drafter asked for it three times; kept per model until a tensor is replaced or changed.
+    key = (
+        config,
+        *((t.data_ptr(), t._version, t.dtype, t.shape) for t in (*model.parameters(), *model.buffers())),
+    )
+    cached = _FINGERPRINTS.get(model)
+    if cached is not None and cached[0] == key:
+        return dict(cached[1])
+    digest = hashlib.sha256(config.encode())
     for name, parameter in sorted(model.state_dict().items()):
         sample = parameter.detach().reshape(-1)[::997].to("cpu", torch.bfloat16).view(torch.int16)
         digest.update(name.encode() + str(tuple(parameter.shape)).encode() + sample.numpy().tobytes())
-    return {"hash": digest.hexdigest(), "vocab_size": int(model.config.vocab_size)}
+    fingerprint = {"hash": digest.hexdigest(), "vocab_size": int(model.config.vocab_size)}
+    _FINGERPRINTS[model] = (key, fingerprint)
+    return dict(fingerprint)
 
 
 def checkpoint_key(kind: str, fingerprint: dict, config: dict) -> str:

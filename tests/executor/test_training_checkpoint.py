@@ -46,6 +46,30 @@ def test_fingerprint_ignores_dtype_but_not_weights(tiny_model):
     assert key.startswith("feature-" + model_fingerprint(model)["hash"][:12])
 
 
+def test_the_fingerprint_is_computed_once_per_model_until_its_weights_change(tiny_model, monkeypatch):
+    model = tiny_model(0, vocab_size=16)
+    reads = []
+    real_state_dict = type(model).state_dict
+    monkeypatch.setattr(
+        type(model), "state_dict", lambda self, *a, **k: reads.append(1) or real_state_dict(self, *a, **k)
+    )
+    first = model_fingerprint(model)
+    assert model_fingerprint(model) == first and len(reads) == 1
+    with torch.no_grad():  # in place: the tensor's version moves
+        next(model.parameters()).mul_(2.0)
+    changed = model_fingerprint(model)
+    assert changed != first and len(reads) == 2
+    with torch.no_grad():  # a replaced tensor: the data pointer moves
+        parameter = next(model.parameters())
+        parameter.data = parameter.data / 2.0
+    assert model_fingerprint(model) == first and len(reads) == 3
+    assert (
+        model_fingerprint(tiny_model(0, vocab_size=16)) == first
+    )  # a fresh copy agrees with the cached value
+    model_fingerprint(model)["hash"] = "edited"  # callers get copies
+    assert model_fingerprint(model) == first
+
+
 def test_a_checkpoint_for_another_model_or_vocabulary_is_refused(saved, tiny_model):
     _, _, path = saved
     with pytest.raises(ValueError, match="trained for another target model"):
