@@ -49,7 +49,8 @@ class DrafterArgument(argparse.Action):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("text", nargs="?", metavar="PROMPT", help="the text to continue (or --prompt TEXT)")
+    parser.add_argument("--prompt", default=None, help="the text to continue, as an option")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument(
         "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2-135M)"
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gamma", type=int, default=4, help="draft length (chain) or tree depth (tree)")
     parser.add_argument(
-        "--n", type=int, default=2, help="drafts per step (multidraft) or children per node (tree)"
+        "-n", "--n", type=int, default=2, help="drafts per step (multidraft) or children per node (tree)"
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=None)
@@ -90,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     from executor.generate import generate
     from experiments.commands import check_writable_file, set_torch_threads
 
+    if (args.text is None) == (args.prompt is None):
+        given = "both PROMPT and --prompt" if args.text is not None else "no prompt"
+        raise ValueError(f"{given}: give the text to continue once, e.g. specbound generate 'def add(a, b):'")
+    prompt = args.text if args.text is not None else args.prompt
     if args.log_top_k is not None and args.log_out is None:
         raise ValueError("--log-top-k needs --log-out")
     if args.log_top_k is not None and args.log_top_k < 1:
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable_file(args.log_out, "--log-out")
     set_torch_threads(args.threads)
     result = generate(
-        args.prompt,
+        prompt,
         source=args.model,
         dtype=args.dtype,
         quantize=args.quantize,

@@ -52,7 +52,8 @@ def test_python_call_matches_the_cli_and_greedy_decoders_agree(smollm, capsys):
     main(
         [
             "generate",
-            *("--prompt", "def add(a, b):", "--max-new-tokens", "8", "--threads", "1", "--dtype", "float32"),
+            # the prompt as a positional argument here, as --prompt in the JSON test above
+            *("def add(a, b):", "--max-new-tokens", "8", "--threads", "1", "--dtype", "float32"),
         ]
     )
     assert capsys.readouterr().out == reference.text + "\n"
@@ -88,6 +89,9 @@ def test_chat_prompt_uses_the_chat_template(smollm):
         # the argument the user gave, not the tree budget gamma * n + 1 it becomes (issue 7)
         (["--prompt", "x", "--decoder", "tree", "--gamma", "0"], "gamma must be at least 1, got 0"),
         (["--prompt", "x", "--decoder", "tree", "--n", "0"], "n must be at least 1, got 0"),
+        (["x", "--decoder", "tree", "-n", "0"], "n must be at least 1, got 0"),  # -n as in specbound bound
+        ([], "no prompt: give the text to continue once"),
+        (["x", "--prompt", "y"], "both PROMPT and --prompt"),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
