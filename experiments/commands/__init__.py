@@ -1,5 +1,6 @@
 """One module per ``specbound`` sub-command; each defines ``HELP``, ``add_arguments(parser)`` and ``run(args)``."""
 
+import json
 import os
 import tempfile
 
@@ -16,6 +17,30 @@ def check_writable(directory: str, name: str = "--out") -> None:
             pass
     except OSError as error:
         raise ValueError(f"{name}: cannot write to {directory}: {error.strerror or error}") from None
+
+
+def read_json_argument(value, name: str):
+    """The JSON an option gives: the contents of the file ``value`` names, or, where there is no such file, the
+    text of ``value`` itself when it parses as JSON (``--acceptance '[0.6, 0.15]'`` needs no file).
+
+    ``ValueError`` naming ``name`` for a file that cannot be read or is not JSON, and for a value that is
+    neither a file nor JSON.
+    """
+    path = str(value)
+    if not os.path.exists(path):
+        try:
+            return json.loads(path)
+        except json.JSONDecodeError:
+            raise ValueError(
+                f"{name}: cannot read {path}: no such file, and not inline JSON either"
+            ) from None
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except OSError as error:
+        raise ValueError(f"{name}: cannot read {path}: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{name}: {path} is not valid JSON: {error}") from None
 
 
 def check_writable_file(path: str, name: str) -> None:

@@ -26,6 +26,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from experiments.commands import read_json_argument
 from theory.length import (
     AcceptanceModel,
     ConfidenceBuckets,
@@ -50,7 +51,9 @@ MAX_FIXED_LENGTH = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--acceptance", required=True, type=Path, help="JSON acceptance model (see above)")
+    parser.add_argument(
+        "--acceptance", required=True, help="JSON acceptance model, a file or inline (see above)"
+    )
     parser.add_argument(
         "--draft-time",
         type=float,
@@ -84,13 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_acceptance_model(path: Path, max_length: int) -> AcceptanceModel:
-    """Read an acceptance model from a JSON file (formats in the module docstring)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as error:
-        raise ValueError(f"acceptance: cannot read {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"acceptance: {path} is not valid JSON: {error}") from None
+    """Read an acceptance model from a JSON file or inline JSON (formats in the module docstring)."""
+    data = read_json_argument(path, "--acceptance")
     if isinstance(data, dict) and "alpha" in data:
         data = data["alpha"]
     if isinstance(data, dict) and "per_position" in data:
@@ -150,14 +148,13 @@ def _policy_report(policy) -> dict:
 
 def plan_with_latency(args: argparse.Namespace) -> dict:
     """The plan under a measured profile: solved per verification cap ``K``, charged ``t(K + 1)``."""
-    from experiments.commands.plan_tree import _read_json
     from experiments.profiling import check_profile, profile_target_times
 
     if args.target_time is not None:
         raise ValueError(
             "--target-time and --latency exclude each other: the profile gives the target's times"
         )
-    data = check_profile(_read_json(args.latency, "--latency"), "--latency")
+    data = check_profile(read_json_argument(args.latency, "--latency"), "--latency")
     times = profile_target_times(data, "--latency")
     draft_time = args.draft_time
     if draft_time is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.commands import read_json_argument
 from theory.tree_planning import TREE_COST_CONVENTIONS, TreePlan, plan_tree
 
 HELP = "plan a speculative token tree: Sequoia's optimal tree for an acceptance vector and a latency table"
@@ -25,9 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--acceptance",
         required=True,
-        type=Path,
-        help="JSON file: a list p_1..p_W (p_k = probability the k-th child is accepted, sum <= 1), a list of "
-        "such lists (one per depth), or an object with an 'acceptance' key",
+        help="JSON file or inline JSON: a list p_1..p_W (p_k = probability the k-th child is accepted, "
+        "sum <= 1), a list of such lists (one per depth), or an object with an 'acceptance' key",
     )
     parser.add_argument("--budget", required=True, type=int, help="largest tree size, root included")
     parser.add_argument(
@@ -71,17 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def _read_json(path: Path, name: str):
-    try:
-        return json.loads(path.read_text())
-    except OSError as error:
-        raise ValueError(f"{name}: cannot read {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{name}: {path} is not valid JSON: {error}") from None
-
-
-def read_acceptance(path: Path) -> np.ndarray:
-    data = _read_json(path, "--acceptance")
+def read_acceptance(path: str) -> np.ndarray:
+    data = read_json_argument(path, "--acceptance")
     if isinstance(data, dict):
         if "acceptance" not in data:
             raise ValueError(f"--acceptance: {path} is an object without an 'acceptance' key")
@@ -103,7 +94,7 @@ def read_latency_file(path: Path) -> tuple[dict[int, float], float | None]:
     """
     from experiments.profiling import is_profile, profile_target_times
 
-    data = _read_json(path, "--latency")
+    data = read_json_argument(path, "--latency")
     if is_profile(data):
         drafter = data.get("drafter")
         return profile_target_times(data, "--latency"), (drafter["level_time"] if drafter else None)

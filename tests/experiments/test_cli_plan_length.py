@@ -83,6 +83,16 @@ def test_bad_input_exits_with_a_message(tmp_path, capsys, content, extra, messag
     assert message in capsys.readouterr().err
 
 
+def test_inline_json_is_read_like_a_file(tmp_path, capsys):
+    outputs = []
+    for acceptance in (write(tmp_path, [0.9, 0.7, 0.5]), "[0.9, 0.7, 0.5]"):
+        assert main(["plan-length", "--acceptance", acceptance, "--draft-time", "0.1", "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1]
+    assert main(["plan-length", "--acceptance", "[0.9,", "--draft-time", "0.1"]) == 2
+    assert "not inline JSON either" in capsys.readouterr().err
+
+
 def test_missing_file_is_reported(tmp_path, capsys):
     assert main(["plan-length", "--acceptance", str(tmp_path / "none.json"), "--draft-time", "0.1"]) == 2
     assert "cannot read" in capsys.readouterr().err

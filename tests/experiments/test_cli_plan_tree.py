@@ -163,6 +163,27 @@ def test_bad_latency_files_exit_with_status_2(files, tmp_path, capsys, latency, 
     assert message in capsys.readouterr().err
 
 
+def test_inline_json_gives_the_plan_of_the_same_file(files, capsys, tmp_path, monkeypatch):
+    acc, latency = files
+    from_files = run_json(
+        capsys, ["plan-tree", "--acceptance", str(acc), "--budget", "16", "--latency", str(latency)]
+    )
+    inline = run_json(
+        capsys,
+        ["plan-tree", "--acceptance", json.dumps(ACC), "--budget", "16", "--latency", json.dumps(TIMES)],
+    )
+    assert inline.pop("latency") == json.dumps(TIMES) and from_files.pop("latency") == str(latency)
+    assert inline == from_files
+    # A file wins over inline text that happens to name it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "[0.1]").write_text(json.dumps(ACC))
+    named = run_json(
+        capsys, ["plan-tree", "--acceptance", "[0.1]", "--budget", "16", "--latency", str(latency)]
+    )
+    named.pop("latency")
+    assert named == from_files
+
+
 def test_missing_file_is_reported(tmp_path, capsys):
     assert main(["plan-tree", "--acceptance", str(tmp_path / "none.json"), "--budget", "8"]) == 2
     assert "cannot read" in capsys.readouterr().err
