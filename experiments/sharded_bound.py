@@ -88,11 +88,12 @@ def run_sharded(
         else:
             todo.append((path, file))
 
-    from executor.files import write_json  # here: workers and the module stay free of torch at import
-
     def store(path: str, file: Path | None, result: dict) -> None:
         results[path] = result
         if file is not None and "error" not in result:
+            # Imported only to write (it imports torch with the executor): a run without --out stays torch-free.
+            from executor.files import write_json
+
             write_json(result, file, indent=None)
 
     from tqdm import tqdm
