@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 #: sub-command name -> module under experiments.commands
@@ -35,8 +36,31 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"experiments.commands.{module_name}")
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+        sub.set_defaults(
+            run=module.run, _option_names=option_names(sub, getattr(module, "PARAMETER_OPTIONS", {}))
+        )
     return parser
+
+
+def option_names(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:
+    """Parameter name -> the option a user types: each option's destination (``top_p`` -> ``--top-p``), and
+    the command's ``PARAMETER_OPTIONS`` for library parameters named otherwise (``max_budget`` -> ``--budget``)."""
+    names = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    names.pop("help", None)
+    return names | aliases
+
+
+#: The form of the library's argument checks (theory.checks, executor): "top_p must be ...", "acc entries must ...".
+_CHECK_MESSAGE = re.compile(r"(?P<name>[a-z_]+)(?P<rest>(?: entries)? must .*)", re.DOTALL)
+
+
+def naming_the_option(message: str, names: dict[str, str]) -> str:
+    """``message`` with a leading library parameter name replaced by the option it came from, so that
+    ``specbound plan-tree --budget 0`` says ``--budget must be at least 1`` (not ``max_budget ...``)."""
+    match = _CHECK_MESSAGE.fullmatch(message)
+    if match is None or match["name"] not in names:
+        return message
+    return names[match["name"]] + match["rest"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ValueError as error:
-        print(f"specbound {args.command}: error: {error}", file=sys.stderr)
+        message = naming_the_option(str(error), args._option_names)
+        print(f"specbound {args.command}: error: {message}", file=sys.stderr)
         return 2
     finally:
         if compiled:

@@ -32,6 +32,10 @@ def drafter_forms() -> str:
     return " | ".join([*forms, "ngram[:N]+DRAFTER (prompt lookup where it matches, DRAFTER elsewhere)"])
 
 
+#: The prompt is positional or ``--prompt``: the library's "prompt must ..." names neither (experiments.cli).
+PARAMETER_OPTIONS = {"prompt": "the prompt"}
+
+
 class DrafterArgument(argparse.Action):
     """``--drafter``: stores the string; its help lists :func:`drafter_forms`, built only when help is printed
     (so that parsing the command line does not import torch)."""

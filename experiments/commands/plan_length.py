@@ -43,6 +43,8 @@ from theory.length import (
 )
 
 HELP = "plan the draft length: the optimal stop/continue policy (SpecDec++ MDP) and ranked practical rules"
+#: theory.length's parameters named otherwise than their options, for error messages (experiments.cli).
+PARAMETER_OPTIONS = {"alpha": "--acceptance", "alphas": "--acceptance"}
 
 #: Practical rules' parameters compared by default (papers' defaults and a small sweep around them).
 SPECDECPP_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
@@ -208,7 +210,7 @@ def plan_with_latency(args: argparse.Namespace) -> dict:
 
 def plan(args: argparse.Namespace) -> dict:
     if args.top < 1:
-        raise ValueError(f"top must be at least 1, got {args.top}")
+        raise ValueError(f"--top must be at least 1, got {args.top}")
     if args.latency is not None:
         return plan_with_latency(args)
     if args.draft_time is None:

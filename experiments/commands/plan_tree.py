@@ -20,6 +20,8 @@ from experiments.commands import read_json_argument
 from theory.tree_planning import TREE_COST_CONVENTIONS, TreePlan, plan_tree
 
 HELP = "plan a speculative token tree: Sequoia's optimal tree for an acceptance vector and a latency table"
+#: theory.plan_tree's parameters named otherwise than their options, for error messages (experiments.cli).
+PARAMETER_OPTIONS = {"acc": "--acceptance", "max_budget": "--budget"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -81,15 +81,15 @@ def test_chat_prompt_uses_the_chat_template(smollm):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--prompt", ""], "prompt must be a non-empty string"),
-        (["--prompt", "x", "--max-new-tokens", "-1"], "max_new_tokens must be an integer >= 0"),
+        (["--prompt", ""], "the prompt must be a non-empty string"),
+        (["--prompt", "x", "--max-new-tokens", "-1"], "--max-new-tokens must be an integer >= 0"),
         (["--prompt", "x", "--decoder", "chain", "--drafter", "bogus"], "unknown drafter 'bogus'"),
-        (["--prompt", "x", "--decoder", "multidraft", "--verifier", "bogus"], "verifier must be one of"),
+        (["--prompt", "x", "--decoder", "multidraft", "--verifier", "bogus"], "--verifier must be one of"),
         (["--prompt", "x", "--decoder", "chain", "--drafter", "early-exit:99"], "exit_layer must be below"),
         # the argument the user gave, not the tree budget gamma * n + 1 it becomes (issue 7)
-        (["--prompt", "x", "--decoder", "tree", "--gamma", "0"], "gamma must be at least 1, got 0"),
-        (["--prompt", "x", "--decoder", "tree", "--n", "0"], "n must be at least 1, got 0"),
-        (["x", "--decoder", "tree", "-n", "0"], "n must be at least 1, got 0"),  # -n as in specbound bound
+        (["--prompt", "x", "--decoder", "tree", "--gamma", "0"], "--gamma must be at least 1, got 0"),
+        (["--prompt", "x", "--decoder", "tree", "--n", "0"], "-n must be at least 1, got 0"),
+        (["x", "--decoder", "tree", "-n", "0"], "-n must be at least 1, got 0"),  # -n as in specbound bound
         ([], "no prompt: give the text to continue once"),
         (["x", "--prompt", "y"], "both PROMPT and --prompt"),
     ],

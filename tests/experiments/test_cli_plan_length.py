@@ -68,13 +68,13 @@ def test_per_position_acceptance_is_accepted(tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, extra, message",
     [
-        (1.5, [], "alpha"),
-        ([0.5, -0.2], [], "alphas"),
+        (1.5, [], "--acceptance entries must lie in [0, 1]"),
+        ([0.5, -0.2], [], "--acceptance entries must lie in [0, 1]"),
         ({"buckets": {"confidence": [0.5], "acceptance": [0.5]}}, [], "probability"),
-        ("nonsense", [], "acceptance must be"),
-        (0.5, ["--draft-time", "-1"], "draft_time"),
-        (0.5, ["--max-length", "0"], "max_length"),
-        (0.5, ["--target-time", "0"], "target_time"),
+        ("nonsense", [], "--acceptance must be"),
+        (0.5, ["--draft-time", "-1"], "--draft-time must be non-negative"),
+        (0.5, ["--max-length", "0"], "--max-length must be at least 1"),
+        (0.5, ["--target-time", "0"], "--target-time must be positive"),
     ],
 )
 def test_bad_input_exits_with_a_message(tmp_path, capsys, content, extra, message):

@@ -127,14 +127,14 @@ def test_sequoia_repository_formats_are_accepted(tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, extra, message",
     [
-        ("[1.5, 0.1]", [], "acc"),
+        ("[1.5, 0.1]", [], "--acceptance entries must lie in [0, 1]"),
         ("[0.7, 0.6]", [], "at most 1"),
         ("{", [], "not valid JSON"),
         ('{"p": [0.5]}', [], "'acceptance' key"),
-        ("[0.5]", ["--budget", "0"], "max_budget"),
-        ("[0.5]", ["--draft-time", "-1"], "draft_time"),
-        ("[0.5]", ["--step-overhead", "-1"], "step_overhead"),
-        ("[0.5]", ["--plain-overhead", "nan"], "plain_overhead"),
+        ("[0.5]", ["--budget", "0"], "--budget must be at least 1, got 0"),
+        ("[0.5]", ["--draft-time", "-1"], "--draft-time must be non-negative"),
+        ("[0.5]", ["--step-overhead", "-1"], "--step-overhead must be"),
+        ("[0.5]", ["--plain-overhead", "nan"], "--plain-overhead must be"),
     ],
 )
 def test_bad_input_exits_with_status_2_and_a_message(tmp_path, capsys, content, extra, message):
