@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from experiments.commands import read_json_argument
+
 HELP = "optimal multi-draft acceptance and each verifier's exact acceptance for a target/draft pair"
 
 #: The pair analysed by ``--example`` (see experiments/data/make_example.py).
@@ -23,16 +25,19 @@ DRAFT_CHOICES = ("iid", "wor", "greedy", "spechub")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--p", metavar="P", help="target distribution(s): .npy, .npz, JSON or whitespace text"
+        "--p",
+        metavar="P",
+        help="target distribution(s): a .npy, .npz, JSON or whitespace-text file, or inline JSON ('[0.5, 0.3, 0.2]')",
     )
-    parser.add_argument("--q", metavar="Q", help="draft distribution(s), same formats and vocabulary as --p")
+    parser.add_argument("--q", metavar="Q", help="draft distribution(s), same forms and vocabulary as --p")
     parser.add_argument("--example", action="store_true", help="analyse the shipped example pair (V = 1000)")
     parser.add_argument(
         "-n",
         type=int,
         nargs="+",
         default=None,
-        help="drafts per step (default 4; with --logs several values, default 2 4 8)",
+        help="drafts per step (default 4; several values give one table each, or a JSON list; "
+        "with --logs, default 2 4 8)",
     )
     parser.add_argument(
         "--draft",
@@ -48,12 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_vector(path: str, argument: str, key: str):
-    """Read probabilities from .npy, .npz (array ``key``, or its only array), JSON or whitespace text."""
+    """Read probabilities from .npy, .npz (array ``key``, or its only array), JSON or whitespace text, or from
+    ``path`` itself as inline JSON where no such file exists."""
     import numpy as np
 
     file = Path(path)
+    if not file.exists():
+        return _as_array(read_json_argument(path, argument), argument, path)
     if not file.is_file():
-        raise ValueError(f"{argument}: no such file {path!r}")
+        raise ValueError(f"{argument}: {path!r} is not a file")
     try:
         if file.suffix == ".npy":
             return np.load(file, allow_pickle=False)
@@ -68,7 +76,7 @@ def load_vector(path: str, argument: str, key: str):
                 )
         text = file.read_text()
         if file.suffix == ".json" or text.lstrip().startswith("["):
-            return np.asarray(json.loads(text), dtype=np.float64)
+            return _as_array(json.loads(text), argument, path)
         return np.loadtxt(file, dtype=np.float64, ndmin=1)
     except ValueError as error:
         if str(error).startswith(argument):
@@ -78,12 +86,24 @@ def load_vector(path: str, argument: str, key: str):
         raise ValueError(f"{argument}: cannot read {path!r}: {error}") from None
 
 
+def _as_array(data, argument: str, path: str):
+    """Parsed JSON as a float64 array; ``ValueError`` naming ``argument`` for anything but numbers in a
+    (nested, rectangular) list."""
+    import numpy as np
+
+    try:
+        return np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument}: {path!r} is not a list of numbers (or a list of such lists)") from None
+
+
 def analyse(p, q, n: int, drafts) -> dict:
     """Every number the command prints, as a JSON-ready dict (means plus per-row lists)."""
     import numpy as np
 
     from theory import optimal_acceptance, verifier
     from theory.checks import as_count, as_distribution_pair
+    from theory.verifier_table import draft_count_problem
     from theory.verifiers import VERIFIERS
 
     p, q = as_distribution_pair(p, q)
@@ -94,13 +114,20 @@ def analyse(p, q, n: int, drafts) -> dict:
         return {"mean": float(values.mean()), "per_row": values.tolist()}
 
     optima: dict[str, dict] = {}
+    support = int(np.count_nonzero(q > 0, axis=-1).min())
+
+    def unavailable(draft: str) -> str | None:
+        """Why the draft law cannot draw ``n`` drafts here (the cell's note), or ``None``."""
+        if draft == "spechub" and n != 2:
+            return "n/a (SpecHub needs n = 2)"
+        if draft_count_problem(draft, n, support) is not None:  # distinct drafts from too few tokens
+            return f"n/a (n distinct drafts; {'a row of ' if q.ndim > 1 else ''}q has {support} tokens > 0)"
+        return None
 
     def optimum(draft: str) -> dict:
         if draft not in optima:
-            if draft == "spechub" and n != 2:
-                optima[draft] = {"note": "n/a (SpecHub needs n = 2)"}
-            else:
-                optima[draft] = summary(optimal_acceptance(p, q, n, draft=draft))
+            note = unavailable(draft)
+            optima[draft] = {"note": note} if note else summary(optimal_acceptance(p, q, n, draft=draft))
         return optima[draft]
 
     table = {draft: optimum(draft) for draft in drafts}
@@ -109,8 +136,8 @@ def analyse(p, q, n: int, drafts) -> dict:
         v = verifier(name)
         entry: dict = {"draft": v.draft}
         limit = v.max_exact_vocab(n)
-        if v.draft == "spechub" and n != 2:
-            entry["note"] = "n/a (SpecHub needs n = 2)"
+        if unavailable(v.draft):
+            entry["note"] = unavailable(v.draft)
         elif limit is not None and p.shape[-1] > limit:
             entry["note"] = f"n/a (exact method needs V <= {limit} for n = {n})"
         else:
@@ -165,12 +192,7 @@ def run(args: argparse.Namespace) -> int:
     given = log_options_given(args)
     if given:
         raise ValueError(f"{', '.join(given)} apply to --logs only; a single pair prints its table")
-    if args.n is None:
-        args.n = 4
-    elif len(args.n) > 1:
-        raise ValueError("-n takes one value without --logs")
-    else:
-        args.n = args.n[0]
+    counts = list(dict.fromkeys(args.n or [4]))
     if args.example and (args.p or args.q):
         raise ValueError("--example analyses the shipped pair; do not combine it with --p/--q")
     if args.example:
@@ -181,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
         source = f"{args.p} vs {args.q}"
     else:
         raise ValueError("give both --p and --q (or --example)")
-    result = analyse(p, q, args.n, list(dict.fromkeys(args.draft)))
-    print(json.dumps(result, indent=2) if args.json else format_table(result, source))
+    results = [analyse(p, q, n, list(dict.fromkeys(args.draft))) for n in counts]
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        print("\n\n".join(format_table(result, source) for result in results))
     return 0

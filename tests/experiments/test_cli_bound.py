@@ -105,10 +105,45 @@ def test_batch_reports_means_and_per_row_values(tmp_path, capsys):
     assert "3 pairs (means over rows)" in capsys.readouterr().out
 
 
+def test_inline_json_gives_the_answer_of_a_file(tmp_path, capsys):
+    np.save(tmp_path / "p.npy", np.array([0.5, 0.3, 0.2]))
+    np.save(tmp_path / "q.npy", np.array([0.2, 0.3, 0.5]))
+    from_files = run_json(capsys, "--p", str(tmp_path / "p.npy"), "--q", str(tmp_path / "q.npy"), "-n", "2")
+    inline = run_json(capsys, "--p", "[0.5, 0.3, 0.2]", "--q", "[0.2, 0.3, 0.5]", "-n", "2")
+    assert inline == from_files
+    assert inline["verifiers"]["rrs"]["acceptance"]["mean"] == pytest.approx(1 - 0.3 * 0.8, abs=1e-12)
+
+
+def test_several_draft_counts_give_one_table_each_in_order(capsys):
+    results = run_json(capsys, "--example", "-n", "2", "3", "2")  # a repeated count is shown once
+    assert [result["n"] for result in results] == [2, 3]
+    for result in results:
+        assert result == run_json(capsys, "--example", "-n", str(result["n"]))
+    assert main(["bound", "--example", "-n", "2", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("V = 1000, n = 2") < out.index("V = 1000, n = 3")
+
+
+def test_a_law_that_cannot_draw_n_distinct_drafts_is_a_cell_note_not_an_error(capsys):
+    result = run_json(capsys, "--p", "[0.6, 0.4]", "--q", "[0.5, 0.5]", "-n", "3")
+    note = "n/a (n distinct drafts; q has 2 tokens > 0)"
+    assert result["optimal"]["wor"] == {"note": note} and result["verifiers"]["rrs_wor"]["note"] == note
+    assert result["optimal"]["greedy"] == {"note": note}
+    # The i.i.d. law draws repeats, so its cells are computed.
+    p, q = np.array([0.6, 0.4]), np.array([0.5, 0.5])
+    assert result["optimal"]["iid"]["mean"] == pytest.approx(iid_optimum(p, q, 3), abs=1e-12)
+    assert result["verifiers"]["rrs"]["acceptance"]["mean"] == pytest.approx(
+        verifier("rrs").acceptance(p, q, 3), abs=1e-12
+    )
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--p", "missing.npy", "--q", "missing.npy"], "--p: no such file"),
+        (["--p", "missing.npy", "--q", "missing.npy"], "--p: cannot read missing.npy: no such file"),
+        (["--p", "[0.5, 0.5", "--q", "{q}"], "not inline JSON either"),
+        (["--p", '[0.5, "x"]', "--q", "{q}"], "--p: '[0.5, \"x\"]' is not a list of numbers"),
+        (["--p", "{dir}", "--q", "{q}"], "is not a file"),
         (["--p", "{p}"], "give both --p and --q"),
         ([], "give both --p and --q"),
         (["--example", "--p", "{p}"], "do not combine"),
@@ -136,6 +171,7 @@ def test_errors_exit_with_status_two_and_a_one_line_message(tmp_path, capsys, ar
     (tmp_path / "text.txt").write_text("0.5 zero 0.5")
     lookup = {f"{{{name}}}": str(tmp_path / f"{name}.npy") for name in files}
     lookup["{text}"] = str(tmp_path / "text.txt")
+    lookup["{dir}"] = str(tmp_path)
     assert main(["bound", *[lookup.get(a, a) for a in arguments]]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specbound bound: error:") and message in err and "\n" not in err
