@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from experiments.commands import add_dtype_argument, add_quantize_argument
 
@@ -59,29 +60,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default=None, help="a .gguf file or checkpoint directory (default: SmolLM2-135M)"
     )
-    parser.add_argument("--decoder", default="ar", choices=["ar", "chain", "multidraft", "tree"])
+    parser.add_argument(
+        "--decoder",
+        default="ar",
+        choices=["ar", "chain", "multidraft", "tree"],
+        help="ar: plain decoding (default); chain: one draft of --gamma tokens; multidraft: -n drafts of one "
+        "token; tree: a tree of depth --gamma with -n children per node",
+    )
     parser.add_argument("--drafter", default=None, action=DrafterArgument)
     parser.add_argument(
         "--verifier",
         default=None,
         help="rrs | rrs_wor | kseq | spechub | greedy | optimal (multidraft, tree)",
     )
-    parser.add_argument("--gamma", type=int, default=4, help="draft length (chain) or tree depth (tree)")
     parser.add_argument(
-        "-n", "--n", type=int, default=2, help="drafts per step (multidraft) or children per node (tree)"
+        "--gamma", type=int, default=4, help="draft length (chain) or tree depth (tree); default 4"
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "-n",
+        "--n",
+        type=int,
+        default=2,
+        help="drafts per step (multidraft) or children per node (tree); default 2",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 (default) = greedy"
+    )
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens only")
+    parser.add_argument(
+        "--top-p", type=float, default=None, help="sample from the smallest set holding this probability"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: cores available)"
     )
     add_dtype_argument(parser)
     add_quantize_argument(parser)
     parser.add_argument(
-        "--json", action="store_true", help="print token ids, text, tau, acceptance and tokens/s"
+        "--json",
+        action="store_true",
+        help="print token ids, text, tau, acceptance and tokens/s as JSON (else the text, and one line of "
+        "statistics on stderr)",
     )
     parser.add_argument(
         "--log-out", default=None, help="write the drafted positions' p, q (docs/logformat.md)"
@@ -131,5 +151,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.summary(), indent=2))
     else:
-        print(result.text)
+        print(result.text, flush=True)  # before the statistics on stderr, in a terminal too
+        print(statistics_line(result), file=sys.stderr)
     return 0
+
+
+def statistics_line(result) -> str:
+    """One line for the terminal: tokens, speed, and for speculative decoders the steps and tau."""
+    line = f"{result.n_tokens} tokens in {result.wall_time:.2f} s ({result.tokens_per_second:.1f} tokens/s"
+    if result.decoder != "ar":
+        line += f"; {len(result.steps)} steps, tau {result.tau:.2f} tokens per step"
+    return line + f"; {result.decoder})"

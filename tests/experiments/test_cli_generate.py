@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -46,6 +47,18 @@ def test_cli_json_reports_tokens_text_tau_acceptance_and_speed(capsys):
     assert report["tokens_per_second"] > 0
 
 
+def test_cli_text_mode_prints_steps_and_tau_of_a_speculative_decoder_on_stderr(capsys):
+    argv = ["generate", "def add(a, b):", "--decoder", "chain", "--drafter", "ngram", "--gamma", "3"]
+    argv += ["--max-new-tokens", "12", "--threads", "1"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == report["text"] + "\n"  # greedy: the same text
+    assert captured.err.startswith("12 tokens in ")
+    assert f"; {report['steps']} steps, tau {report['tau']:.2f} tokens per step; chain)" in captured.err
+
+
 def test_python_call_matches_the_cli_and_greedy_decoders_agree(smollm, capsys):
     model, tokenizer = smollm
     reference = generate("def add(a, b):", model=model, tokenizer=tokenizer, max_new_tokens=8)
@@ -56,7 +69,9 @@ def test_python_call_matches_the_cli_and_greedy_decoders_agree(smollm, capsys):
             *("def add(a, b):", "--max-new-tokens", "8", "--threads", "1", "--dtype", "float32"),
         ]
     )
-    assert capsys.readouterr().out == reference.text + "\n"
+    captured = capsys.readouterr()
+    assert captured.out == reference.text + "\n"  # the text alone on stdout; statistics go to stderr
+    assert re.fullmatch(r"8 tokens in [0-9.]+ s \([0-9.]+ tokens/s; ar\)\n", captured.err)
     tree = generate(
         "def add(a, b):",
         model=model,
