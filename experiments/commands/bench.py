@@ -29,7 +29,9 @@ def add_arguments(parser) -> None:
         help="humaneval (default) or other: code and prose prompts written here, never tuned on (at most 5)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="times each prompt is run (default 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens generated per prompt and row (default 128)"
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
     parser.add_argument(
         "--temperatures", default="0,1", help="comma-separated sampling temperatures (default 0,1)"

@@ -20,7 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration", type=int, default=None, help="calibration prompts (default 3)")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default 48)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampling seed; prompt i uses seed + i (default 0)"
+    )
     parser.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     parser.add_argument("--restart", action="store_true", help="discard finished units in --out first")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from experiments.cli import main, naming_the_option, option_names
+from experiments.cli import build_parser, main, naming_the_option, option_names
 
 
 def test_option_names_map_destinations_and_aliases_to_the_typed_option():
@@ -59,3 +59,14 @@ def test_the_command_line_reports_the_option_not_the_library_parameter(capsys, a
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert f"specbound {argv[0]}: error: {message}" in error
+
+
+def test_every_option_of_every_command_has_help():
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
+        for name, parser in subparsers.choices.items()
+        for action in parser._actions
+        if action.help is None
+    ]
+    assert missing == []
