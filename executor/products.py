@@ -27,7 +27,7 @@ where it is exact to do so and measured to pay: float32 activations and weights 
 where the CPU multiplies bfloat16 natively (:data:`NATIVE_CPU_BF16`; emulated, oneDNN's bfloat16 product costs
 about a matrix-vector product per row, and :func:`linear` upcasts blocks instead), weights of at least
 :data:`MIN_PACKED_ELEMENTS` entries, no autograd, and where oneDNN has the primitive (x86 builds of torch);
-anywhere else :func:`linear` runs. ``SPECBOUND_PACKED=0`` turns it off (for comparisons).
+anywhere else :func:`linear` runs. ``SPECBOUND_PACKED=0`` in the environment turns it off.
 
 The product is the operator ``torch.ops.specbound.packed_linear`` (:func:`packed_linear`), so ``torch.compile``
 keeps it as one opaque call in the compiled graph (:mod:`executor.compiled`) and fuses the element-wise work
@@ -49,16 +49,25 @@ multiply 9-64 rows in about the time of one) oneDNN's packed product runs instea
 with ``torch.utils.cpp_extension`` on first use (10-30 s once per machine, cached by torch; needs a C++
 compiler and ninja) and checked on a probe product; where either fails, one line says why and oneDNN runs.
 ``SPECBOUND_NATIVE=0`` turns them off.
+
+**Per-call cost.** A forward makes 121 products, and the Python between two kernels costs more than its own time
+(the kernels' OpenMP threads go idle in the gaps). The first product by a weight records a plan (its packed copy
+and kernel) that later products reuse after checking only the weight's identity, data pointer, version and
+layout, the activations' dtype and device and the grad mode: a bfloat16 forward of SmolLM2 takes 0.89-0.94 of
+its former time, interleaved (docs/benchmarks/model_forward.md). The two environment variables are read once, at
+import; :func:`switches` changes them in a running process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import statistics
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -92,6 +101,30 @@ _LINEAR_POINTWISE = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 # about one matrix-vector product per row of activations.
 NATIVE_CPU_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 _UPCAST_BLOCK_ROWS = 4096  # a float32 block of 4096 x 576 (9 MB) stays in the L3 cache
+
+#: Whether the packed products and the native kernels may run: ``SPECBOUND_PACKED`` / ``SPECBOUND_NATIVE`` (``0``
+#: turns one off), read at import so that no product reads the environment (two reads a product cost 3% of a
+#: bfloat16 forward); :func:`switches` changes them.
+_SWITCHES = {
+    "packed": os.environ.get("SPECBOUND_PACKED", "1") != "0",
+    "native": os.environ.get("SPECBOUND_NATIVE", "1") != "0",
+}
+
+
+@contextlib.contextmanager
+def switches(*, packed: bool | None = None, native: bool | None = None):
+    """Context in which the packed products (``packed``) and the native kernels (``native``) are on or off
+    (``None``: as they are), for comparisons in one process; the previous state returns on exit."""
+    before = dict(_SWITCHES)
+    try:
+        for name, value in (("packed", packed), ("native", native)):
+            if value is not None:
+                _SWITCHES[name] = bool(value)
+        _PLANS.clear()
+        yield
+    finally:
+        _SWITCHES.update(before)
+        _PLANS.clear()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -127,7 +160,7 @@ def packing_available() -> bool:
     untried build counts as unavailable there; :func:`executor.compiled.compile_model` tries it first.
     """
     global _AVAILABLE
-    if os.environ.get("SPECBOUND_PACKED", "1") == "0":
+    if not _SWITCHES["packed"]:
         return False
     if _AVAILABLE is None and not torch.compiler.is_compiling():
         try:
@@ -153,7 +186,20 @@ def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:math:`x W^T`: on the packed copy where :func:`packing_applies`, else by :func:`linear`."""
+    """:math:`x W^T`: on the packed copy where :func:`packing_applies`, else by :func:`linear`.
+
+    Where a plan of ``weight`` (:class:`_Plan`) is current, its checks stand for :func:`packing_applies`'."""
+    if not torch.compiler.is_compiling():  # a compiled graph calls the operator (packed_linear) instead
+        plan = _PLANS.get(id(weight))
+        if (
+            plan is not None
+            and plan.weight() is weight
+            and plan.key == _weight_key(weight)
+            and x.dtype is plan.dtype
+            and x.is_cpu
+            and not torch.is_grad_enabled()
+        ):
+            return _packed_linear_cpu(x, weight, plan)
     return packed_linear(x, weight) if packing_applies(x, weight) else linear(x, weight)
 
 
@@ -185,7 +231,7 @@ def native_available(dtype: torch.dtype) -> bool:
 
 def _native_op(dtype: torch.dtype):
     """The native operator for ``dtype`` (built and probed on the first call), or ``None``."""
-    if os.environ.get("SPECBOUND_NATIVE", "1") == "0" or dtype not in NATIVE_KERNELS:
+    if not _SWITCHES["native"] or dtype not in NATIVE_KERNELS:
         return None
     if dtype not in _NATIVE and not torch.compiler.is_compiling():
         _NATIVE[dtype] = _load_native(dtype) if _cpu_has(NATIVE_KERNELS[dtype][1]) else None
@@ -413,9 +459,14 @@ _PACKED = WeakIdKeyDictionary()
 _PACKED_NATIVE = WeakIdKeyDictionary()
 
 
+def _weight_key(weight: torch.Tensor) -> tuple:
+    """What changes when a weight is changed in place (its version) or its storage replaced (``.data =``)."""
+    return (weight.data_ptr(), weight._version, weight.shape, weight.stride())
+
+
 def _cached_copy(table: WeakIdKeyDictionary, weight: torch.Tensor, pack) -> torch.Tensor:
     entry = table.get(weight)
-    key = (weight.data_ptr(), weight._version, weight.shape, weight.stride())
+    key = _weight_key(weight)
     if entry is None or entry[0] != key:
         entry = (key, weight.untyped_storage(), pack(weight.detach().contiguous()))
         table[weight] = entry
@@ -461,12 +512,44 @@ def prepack(*weights: torch.Tensor) -> None:
             _blocked_copy(weight)
 
 
-def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    operator = _native_op_for(weight)
-    if operator is not None and (
-        operator.onednn_rows is None or x.numel() < operator.onednn_rows * x.shape[-1]
-    ):
-        return operator(x, _native_copy(weight), weight.shape[0])
+class _Plan:
+    """How products by one weight run while it is unchanged (:func:`product`): the key it was made for, its
+    dtype, the native operator (or ``None``) and its copy, and the element count of activations from which oneDNN
+    runs instead."""
+
+    __slots__ = ("weight", "key", "dtype", "operator", "native", "native_below", "__weakref__")
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        identity = id(weight)
+
+        def forget(reference, identity=identity) -> None:  # the weight is freed: its id may be reused
+            if getattr(_PLANS.get(identity), "weight", None) is reference:
+                del _PLANS[identity]
+
+        self.weight = weakref.ref(weight, forget)
+        self.key = _weight_key(weight)
+        self.dtype = weight.dtype
+        self.operator = _native_op_for(weight)
+        self.native = None  # its copy, made by the first product that runs natively
+        rows = None if self.operator is None else self.operator.onednn_rows
+        self.native_below = float("inf") if rows is None else rows * weight.shape[1]
+
+
+#: id(weight) -> its current :class:`_Plan`; an entry leaves with its weight, and :func:`switches` clears all.
+_PLANS: dict[int, _Plan] = {}
+
+
+def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor, plan: _Plan | None = None) -> torch.Tensor:
+    if (
+        plan is None
+    ):  # the checked path (or a compiled graph): the weight's plan, made where it is not current
+        plan = _PLANS.get(id(weight))
+        if plan is None or plan.weight() is not weight or plan.key != _weight_key(weight):
+            plan = _PLANS[id(weight)] = _Plan(weight)
+    if plan.operator is not None and x.numel() < plan.native_below:
+        if plan.native is None:
+            plan.native = _native_copy(weight)
+        return plan.operator(x, plan.native, weight.shape[0])
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])

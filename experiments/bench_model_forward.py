@@ -8,7 +8,7 @@ every repetition, so machine load hits all of them alike):
   recomputed per call, ``F.linear`` LM head), loaded from ``git show`` with the same weights;
 * ``eager`` -- today's :class:`executor.model.Transformer` (float32 products on oneDNN's packed weights,
   :mod:`executor.products`);
-* ``unpacked`` -- the same model with the packed path off (``SPECBOUND_PACKED=0``: MKL's products only);
+* ``unpacked`` -- the same model with the packed path off (:func:`executor.products.switches`: MKL's products only);
 * ``compiled`` -- the same model after :func:`executor.compiled.compile_model` (compile time reported apart).
 
 For every dtype and n: median, 25th/75th percentiles and minimum of the wall time in ms, the ratio of medians
@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from executor import products
 from executor.files import write_json
 from executor.weights import load_model
 
@@ -70,15 +71,8 @@ class Unpacked:
         self.model.setup_cache(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        before = os.environ.get("SPECBOUND_PACKED")
-        os.environ["SPECBOUND_PACKED"] = "0"
-        try:
+        with products.switches(packed=False):
             return self.model(*args, **kwargs)
-        finally:
-            if before is None:
-                del os.environ["SPECBOUND_PACKED"]
-            else:
-                os.environ["SPECBOUND_PACKED"] = before
 
 
 def build_variants(names, dtype, baseline_rev: str, slots: int) -> tuple[dict, float | None]:

@@ -205,8 +205,8 @@ def test_packing_never_serves_autograd_mixed_or_emulated_dtypes_small_weights_or
         assert not packing_applies(x.bfloat16(), weight) and not packing_applies(x, weight.bfloat16())
         assert not packing_applies(x.half(), weight.half())
         assert not packing_applies(x[:, :16], weight[:16, :16])  # below MIN_PACKED_ELEMENTS: MKL is faster
-        monkeypatch.setenv("SPECBOUND_PACKED", "0")
-        assert not products.packing_available() and not packing_applies(x, weight)
+        with products.switches(packed=False):
+            assert not products.packing_available() and not packing_applies(x, weight)
 
 
 @needs_onednn
@@ -235,8 +235,8 @@ def test_a_packed_model_runs_every_product_packed_and_equals_the_plain_one(tiny_
         packed = model(tokens, torch.arange(8))
         # wqkv, wo, w13, w2 per layer, and the tied head
         assert len(calls) == 4 * model.config.n_layers + 1
-        monkeypatch.setenv("SPECBOUND_PACKED", "0")
-        plain = model(tokens, torch.arange(8))
+        with products.switches(packed=False):
+            plain = model(tokens, torch.arange(8))
         assert len(calls) == 4 * model.config.n_layers + 1
     torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
 
@@ -450,9 +450,9 @@ def test_the_measured_group_size_is_kept_for_this_cpu_only(monkeypatch, tmp_path
     )  # unreadable
 
 
-def test_the_native_kernels_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv("SPECBOUND_NATIVE", "0")
-    assert not products.native_available(torch.bfloat16) and not products.native_available(torch.float32)
+def test_the_native_kernels_can_be_turned_off():
+    with products.switches(native=False):
+        assert not products.native_available(torch.bfloat16) and not products.native_available(torch.float32)
 
 
 @needs_onednn
@@ -470,8 +470,82 @@ def test_prepack_makes_the_copy_the_first_product_then_uses(monkeypatch):
     assert table[weight][2] is made  # the first product found the copy and made no other
 
 
-def test_prepack_packs_nothing_where_products_do_not_run_packed(monkeypatch):
-    monkeypatch.setenv("SPECBOUND_PACKED", "0")
+def test_prepack_packs_nothing_where_products_do_not_run_packed():
     weight = torch.randn(1024, 512)
-    products.prepack(weight)
+    with products.switches(packed=False):
+        products.prepack(weight)
     assert weight not in products._PACKED and weight not in products._PACKED_NATIVE
+
+
+# The plan of a weight (products._Plan): product's per-call checks reduced to the weight's identity and key, the
+# activations' dtype and device and the grad mode.
+
+
+@pytest.fixture
+def counted_checks(monkeypatch):
+    """Weights of any size run packed; the list counts the full checks (packing_applies) products make."""
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)
+    calls = []
+    original = products.packing_applies
+    monkeypatch.setattr(products, "packing_applies", lambda x, w: calls.append(1) or original(x, w))
+    return calls
+
+
+@needs_onednn
+def test_a_plan_replaces_the_checks_until_its_weight_changes(counted_checks):
+    weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        for expected_checks in (1, 1, 1):  # the first product checks and plans, the others reuse the plan
+            torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+            assert len(counted_checks) == expected_checks
+        weight.mul_(2)  # in place
+        torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        weight.data = torch.randn(32, 16)  # new storage
+        torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        assert len(counted_checks) == 3  # each change checked and planned again
+
+
+@native_dtypes
+def test_a_plan_that_missed_a_change_would_be_caught(dtype, monkeypatch):
+    # Negative control for the test above: a plan whose key is made current by hand keeps the old native copy.
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)
+    x, weight = native_operands(dtype, 2, 32, 16, seed=3)
+    with torch.no_grad():
+        before = products.product(x, weight)
+        weight.mul_(2)
+        products._PLANS[id(weight)].key = products._weight_key(weight)
+        assert torch.equal(products.product(x, weight), before)
+
+
+@needs_onednn
+def test_a_plan_never_serves_autograd_or_a_switched_off_path(counted_checks, monkeypatch):
+    weight = torch.nn.Parameter(torch.randn(32, 16))
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        products.product(x, weight)
+    assert id(weight) in products._PLANS
+    products.product(x, weight).sum().backward()  # grad mode on: the checked path, F.linear
+    torch.testing.assert_close(weight.grad, x.sum(0).expand(32, 16), atol=1e-5, rtol=1e-5)
+    packed = []
+    original = products._packed_linear_cpu
+    monkeypatch.setattr(products, "_packed_linear_cpu", lambda *a: packed.append(1) or original(*a))
+    with torch.no_grad():
+        with products.switches(packed=False):
+            assert not products._PLANS  # switching clears every plan
+            products.product(x, weight)
+        assert packed == []
+        products.product(x, weight)
+        assert packed == [1]  # the switch restored on exit
+
+
+@needs_onednn
+def test_a_plan_leaves_with_its_weight(counted_checks):
+    weight = torch.randn(32, 16)
+    with torch.no_grad():
+        products.product(torch.randn(1, 16), weight)
+    identity = id(weight)
+    assert products._PLANS[identity].weight() is weight
+    del weight
+    gc.collect()
+    assert identity not in products._PLANS
