@@ -167,7 +167,6 @@ def test_out_directory_gets_json_markdown_plot_and_shard_results(full_log, tmp_p
         (["bound", "--logs", "{full}", "--out", "{full}"], "--out: "),
         (["bound", "--logs", "{full}", "--example"], "do not combine"),
         (["bound", "--logs", "{full}", "--draft", "greedy"], "--draft: with --logs"),
-        (["bound", "--example", "-n", "2", "3"], "-n takes one value"),
         (["convert-log", "--top-k", "0", "{full}", "{tmp}/o.npz"], "--top-k must be at least 1"),
         (["convert-log", "--top-k", "3", "{tmp}/missing.npz", "{tmp}/o.npz"], "IN.npz"),
     ],
