@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         help="drafts per step (default 4; several values give one table each, or a JSON list; "
-        "with --logs, default 2 4 8)",
+        "with --logs, default 2 4 8 and each log's own n)",
     )
     parser.add_argument(
         "--draft",

@@ -61,6 +61,23 @@ def log_options_given(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def logged_draft_counts(pattern: str) -> list[int]:
+    """The ``n`` scalars of the shards ``pattern`` matches (the drafts per step each log was taken with), so that
+    without ``-n`` the report includes them; shards that cannot be opened are left to the run to report."""
+    from experiments.logformat import LogError, LogShard
+    from experiments.sharded_bound import find_shards
+
+    counts = set()
+    for path in find_shards(pattern):
+        try:
+            shard = LogShard.open(path)
+        except (LogError, OSError, ValueError):
+            continue
+        if shard.n is not None and shard.n >= 1:
+            counts.add(shard.n)
+    return sorted(counts)
+
+
 def run_logs(args: argparse.Namespace) -> int:
     from experiments.log_bounds import DRAFTS, VERIFIERS
     from experiments.log_report import plot, render_markdown
@@ -68,7 +85,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
     if args.example or args.p or args.q:
         raise ValueError("--logs reads log shards; do not combine it with --p/--q/--example")
-    ns = args.n if args.n is not None else [2, 4, 8]
+    ns = args.n if args.n is not None else [2, 4, 8, *logged_draft_counts(args.logs)]
     if any(n < 1 for n in ns):
         raise ValueError(f"-n: drafts per step must be at least 1, got {ns}")
     ns = sorted(set(ns))

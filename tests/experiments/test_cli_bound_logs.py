@@ -102,6 +102,14 @@ def test_bound_json_reports_mean_low_high_per_law_and_n_with_shard_counts(full_l
     assert result["shards"]["skipped"] == [] and result["shards"]["skipped_count"] == 0
 
 
+def test_without_n_the_report_adds_the_draft_count_a_log_was_taken_with(tmp_path, capsys):
+    p, q = lm_pair(2)
+    write_full_log(tmp_path / "a.npz", p, q, n=3)
+    write_full_log(tmp_path / "b.npz", p, q)  # no n: nothing added
+    assert bound_json(capsys, str(tmp_path / "*.npz"))["n"] == [2, 3, 4, 8]
+    assert bound_json(capsys, str(tmp_path / "*.npz"), "-n", "4")["n"] == [4]  # -n decides alone
+
+
 def test_log_names_one_file_as_logs_names_a_pattern(full_log, capsys):
     """``bound --log FILE.npz`` (a user's one log) reads the same as ``--logs PATTERN``."""
     path, _, _ = full_log
