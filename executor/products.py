@@ -514,10 +514,10 @@ def prepack(*weights: torch.Tensor) -> None:
 
 class _Plan:
     """How products by one weight run while it is unchanged (:func:`product`): the key it was made for, its
-    dtype, the native operator (or ``None``) and its copy, and the element count of activations from which oneDNN
-    runs instead."""
+    dtype, the native operator (or ``None``) and its copy, the element count of activations from which oneDNN
+    runs instead, and oneDNN's copy."""
 
-    __slots__ = ("weight", "key", "dtype", "operator", "native", "native_below", "__weakref__")
+    __slots__ = ("weight", "key", "dtype", "operator", "native", "native_below", "blocked", "__weakref__")
 
     def __init__(self, weight: torch.Tensor) -> None:
         identity = id(weight)
@@ -531,6 +531,7 @@ class _Plan:
         self.dtype = weight.dtype
         self.operator = _native_op_for(weight)
         self.native = None  # its copy, made by the first product that runs natively
+        self.blocked = None  # oneDNN's copy, made by the first product that runs there
         rows = None if self.operator is None else self.operator.onednn_rows
         self.native_below = float("inf") if rows is None else rows * weight.shape[1]
 
@@ -553,7 +554,9 @@ def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor, plan: _Plan | None
     # oneDNN's own fixed cost is ~25 us a call; this wrapper adds a few (the overload resolved once, no reshape
     # of 2-D activations), which matters over a forward's 121 calls.
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    out = _LINEAR_POINTWISE(rows.contiguous(), _blocked_copy(weight), None, "none", [], "")
+    if plan.blocked is None:
+        plan.blocked = _blocked_copy(weight)
+    out = _LINEAR_POINTWISE(rows.contiguous(), plan.blocked, None, "none", [], "")
     return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -492,10 +492,11 @@ def counted_checks(monkeypatch):
 
 
 @needs_onednn
-def test_a_plan_replaces_the_checks_until_its_weight_changes(counted_checks):
+@pytest.mark.parametrize("native", [True, False], ids=["native-where-it-runs", "onednn"])
+def test_a_plan_replaces_the_checks_until_its_weight_changes(counted_checks, native):
     weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
     x = torch.randn(3, 16)
-    with torch.no_grad():
+    with torch.no_grad(), products.switches(native=native):
         for expected_checks in (1, 1, 1):  # the first product checks and plans, the others reuse the plan
             torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
             assert len(counted_checks) == expected_checks
@@ -506,16 +507,32 @@ def test_a_plan_replaces_the_checks_until_its_weight_changes(counted_checks):
         assert len(counted_checks) == 3  # each change checked and planned again
 
 
+def stale_plan_product(x, weight):
+    """The product after ``weight`` doubled in place under a plan whose key was made current by hand."""
+    with torch.no_grad():
+        products.product(x, weight)
+        weight.mul_(2)
+        products._PLANS[id(weight)].key = products._weight_key(weight)
+        return products.product(x, weight)
+
+
 @native_dtypes
 def test_a_plan_that_missed_a_change_would_be_caught(dtype, monkeypatch):
-    # Negative control for the test above: a plan whose key is made current by hand keeps the old native copy.
+    # Negative control for the test above: a plan made current by hand keeps the old copy.
     monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)
     x, weight = native_operands(dtype, 2, 32, 16, seed=3)
     with torch.no_grad():
         before = products.product(x, weight)
-        weight.mul_(2)
-        products._PLANS[id(weight)].key = products._weight_key(weight)
-        assert torch.equal(products.product(x, weight), before)
+    assert torch.equal(stale_plan_product(x, weight), before)
+
+
+@needs_onednn
+def test_a_plan_that_missed_a_change_would_be_caught_on_onednn(monkeypatch):
+    monkeypatch.setattr(products, "MIN_PACKED_ELEMENTS", 0)
+    weight, x = torch.randn(32, 16), torch.randn(3, 16)
+    with torch.no_grad(), products.switches(native=False):
+        before = products.product(x, weight)
+        assert torch.equal(stale_plan_product(x, weight), before)
 
 
 @needs_onednn
