@@ -21,8 +21,9 @@ to oneDNN if it measured faster for them, :func:`_onednn_from_rows`; those rows 
 round-off.)
 
 The blocked copy of each weight lives in a weak table keyed on the weight tensor itself: made on first use (or
-ahead of it by :func:`prepack`), made again when the weight changes in place (its ``Tensor._version``) or its
-storage is replaced, freed with the weight; a deep-copied model packs its own. It costs a second copy of each weight in memory. It is used only
+ahead of it by :func:`prepack`), made again when the weight changes in place (its ``Tensor._version``; an
+inference tensor has none, :func:`tensor_version`) or its storage is replaced, freed with the weight; a
+deep-copied model packs its own. It costs a second copy of each weight in memory. It is used only
 where it is exact to do so and measured to pay: float32 activations and weights on the CPU, or bfloat16 ones
 where the CPU multiplies bfloat16 natively (:data:`NATIVE_CPU_BF16`; emulated, oneDNN's bfloat16 product costs
 about a matrix-vector product per row, and :func:`linear` upcasts blocks instead), weights of at least
@@ -459,9 +460,16 @@ _PACKED = WeakIdKeyDictionary()
 _PACKED_NATIVE = WeakIdKeyDictionary()
 
 
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter, or ``None`` for an inference tensor (made under
+    ``torch.inference_mode``), which has none: such a weight cannot be changed in place outside inference mode,
+    and a change inside it is not seen by the copies made from it."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def _weight_key(weight: torch.Tensor) -> tuple:
     """What changes when a weight is changed in place (its version) or its storage replaced (``.data =``)."""
-    return (weight.data_ptr(), weight._version, weight.shape, weight.stride())
+    return (weight.data_ptr(), tensor_version(weight), weight.shape, weight.stride())
 
 
 def _cached_copy(table: WeakIdKeyDictionary, weight: torch.Tensor, pack) -> torch.Tensor:

@@ -566,3 +566,15 @@ def test_a_plan_leaves_with_its_weight(counted_checks):
     del weight
     gc.collect()
     assert identity not in products._PLANS
+
+
+@needs_onednn
+def test_a_weight_made_under_inference_mode_runs_packed_and_follows_a_new_tensor(counted_checks):
+    # An inference tensor has no version counter: the key leaves it out rather than fail.
+    with torch.inference_mode():
+        weight, x = torch.randn(32, 16), torch.randn(3, 16)
+        for _ in range(2):
+            torch.testing.assert_close(products.product(x, weight), x @ weight.T, atol=1e-5, rtol=1e-5)
+        assert len(counted_checks) == 1 and products._PLANS[id(weight)].key[1] is None
+        other = torch.randn(32, 16)
+        torch.testing.assert_close(products.product(x, other), x @ other.T, atol=1e-5, rtol=1e-5)

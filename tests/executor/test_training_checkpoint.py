@@ -70,6 +70,18 @@ def test_the_fingerprint_is_computed_once_per_model_until_its_weights_change(tin
     assert model_fingerprint(model) == first
 
 
+def test_a_model_made_under_inference_mode_has_the_fingerprint_of_its_weights(tiny_model):
+    # Inference tensors have no version counter; the cache key must not ask them for one.
+    with torch.inference_mode():
+        model = tiny_model(0, vocab_size=16)
+        assert next(model.parameters()).is_inference()
+        assert (
+            model_fingerprint(model)
+            == model_fingerprint(model)
+            == model_fingerprint(tiny_model(0, vocab_size=16))
+        )
+
+
 def test_a_checkpoint_for_another_model_or_vocabulary_is_refused(saved, tiny_model):
     _, _, path = saved
     with pytest.raises(ValueError, match="trained for another target model"):
