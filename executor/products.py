@@ -189,7 +189,7 @@ def packing_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """:math:`x W^T`: on the packed copy where :func:`packing_applies`, else by :func:`linear`.
 
-    Where a plan of ``weight`` (:class:`_Plan`) is current, its checks stand for :func:`packing_applies`'."""
+    Where a plan of ``weight`` (:class:`_Plan`) is current, its few checks stand in for :func:`packing_applies`."""
     if not torch.compiler.is_compiling():  # a compiled graph calls the operator (packed_linear) instead
         plan = _PLANS.get(id(weight))
         if (
@@ -525,7 +525,7 @@ class _Plan:
     dtype, the native operator (or ``None``) and its copy, the element count of activations from which oneDNN
     runs instead, and oneDNN's copy."""
 
-    __slots__ = ("weight", "key", "dtype", "operator", "native", "native_below", "blocked", "__weakref__")
+    __slots__ = ("weight", "key", "dtype", "operator", "native", "native_below", "blocked")
 
     def __init__(self, weight: torch.Tensor) -> None:
         identity = id(weight)
@@ -549,9 +549,8 @@ _PLANS: dict[int, _Plan] = {}
 
 
 def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor, plan: _Plan | None = None) -> torch.Tensor:
-    if (
-        plan is None
-    ):  # the checked path (or a compiled graph): the weight's plan, made where it is not current
+    if plan is None:
+        # From the checked path or a compiled graph: the weight's plan, made where it is not current.
         plan = _PLANS.get(id(weight))
         if plan is None or plan.weight() is not weight or plan.key != _weight_key(weight):
             plan = _PLANS[id(weight)] = _Plan(weight)
