@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specbound",
         description="Exact bounds and a reference executor for speculative decoding.",
     )
+    parser.add_argument("--version", action="version", version=f"specbound {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"experiments.commands.{module_name}")
@@ -40,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
             run=module.run, _option_names=option_names(sub, getattr(module, "PARAMETER_OPTIONS", {}))
         )
     return parser
+
+
+def installed_version() -> str:
+    """The installed distribution's version (``unknown`` when run from a source tree that is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("specbound")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def option_names(parser: argparse.ArgumentParser, aliases: dict[str, str]) -> dict[str, str]:

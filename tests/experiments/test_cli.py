@@ -1,8 +1,10 @@
-"""Tests of experiments/cli.py: error messages name the option the user typed."""
+"""Tests of experiments/cli.py: error messages name the option the user typed; help and version."""
 
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,12 @@ def test_every_option_of_every_command_has_help():
         if action.help is None
     ]
     assert missing == []
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()  # tomllib needs Python 3.11
+    version = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)[1]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"specbound {version}"
