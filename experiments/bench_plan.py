@@ -34,8 +34,6 @@ drafting and a plain decoding step spend beyond their passes. Every input is mea
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 __all__ = ["measure_forward", "plain_overhead", "plan_rows", "rank_acceptance"]
@@ -75,30 +73,6 @@ def measure_forward(models: dict, context: list[int], config, *, progress: bool 
     return forward, samples
 
 
-class _TimedDrafter:
-    """Forwards everything to ``inner`` and records ``(number of nodes, seconds)`` of each draft call;
-    ``drafting`` is true during one (a :class:`~experiments.apriori.run.StepClock` then leaves the target's
-    passes it makes, as an early exit's, to the drafter)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[int, float]] = []
-        self.drafting = False
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def draft_logits(self, state, tree, nodes):
-        start = time.perf_counter()
-        self.drafting = True
-        try:
-            logits = self.inner.draft_logits(state, tree, nodes)
-        finally:
-            self.drafting = False
-        self.calls.append((len(nodes), time.perf_counter() - start))
-        return logits
-
-
 def _decode_timed(model, decoder, prompts, tokens, drafter=None):
     """Decode every prompt (seeded per prompt); returns the results and the seconds per step spent beyond the
     target's and the drafter's passes (:class:`~experiments.apriori.run.StepClock`)."""
@@ -118,7 +92,7 @@ def _decode_timed(model, decoder, prompts, tokens, drafter=None):
         "steps": sum(len(result.steps) for result in results),
         "step_seconds": clock.step_seconds,
         "target_seconds": clock.target_seconds,
-        "draft_seconds": sum(seconds for _, seconds in drafter.calls) if drafter is not None else 0.0,
+        "draft_seconds": sum(seconds for *_, seconds in drafter.call_times) if drafter is not None else 0.0,
     }
     return results, overhead_per_step([record])
 
@@ -141,8 +115,9 @@ def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float
     beyond the target's and the drafter's passes (masks, probabilities, verification).
     """
     from executor.decoders import Sampling, TreeDecoder
+    from experiments.apriori import TimedDrafter
 
-    timed = _TimedDrafter(drafter)
+    timed = TimedDrafter(drafter)
     parents = [-1] + [0] * width + list(range(1, width + 1))
     decoder = TreeDecoder(
         model, timed, tree=parents, verifier="rrs_wor", sampling=Sampling(temperature=temperature)
@@ -155,8 +130,8 @@ def rank_acceptance(model, drafter, prompts: list[list[int]], temperature: float
             if len(step.accepted_path) > 1:
                 counts[step.accepted_path[1] - 1] += 1
     costs = {
-        "token": [s for n, s in timed.calls if n == 1],
-        "level": [s for n, s in timed.calls if n == width and width > 1],
+        "token": [s for _, n, s in timed.call_times if n == 1],
+        "level": [s for _, n, s in timed.call_times if n == width and width > 1],
         "step_overhead": overhead,
     }
     if width == 1:

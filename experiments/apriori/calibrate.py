@@ -40,6 +40,7 @@ __all__ = [
     "Calibration",
     "LatencyProfile",
     "RecordingDrafter",
+    "TimedDrafter",
     "calibrate",
     "depth_buckets",
     "event_record",
@@ -155,20 +156,16 @@ def event_record(
     return record
 
 
-class RecordingDrafter:
-    """Wraps a drafter and keeps, for the current step, the raw draft logits of every node it was asked about,
-    and for the whole run the wall time of each call (the drafter's cost, measured in the run).
-
-    Attach to a decoder with :meth:`attach`: afterwards ``logits_per_step[i]`` maps node -> logits (numpy
-    float32) for step ``i`` of the generation, and ``call_times`` holds ``(level, nodes, seconds)`` per call,
-    ``level`` being the call's index within its step (0: the root's pass, which also catches up on the tokens
-    the last step committed).
-    """
+class TimedDrafter:
+    """Wraps a drafter, forwarding everything to ``inner``, and keeps the wall time of each draft call:
+    ``call_times`` holds ``(level, nodes, seconds)``, ``level`` being the call's index within its step (0: the
+    root's pass, which also catches up on the tokens the last step committed; counted per step once
+    :meth:`attach` has wrapped the decoder's steps). ``drafting`` is true during a call (a
+    :class:`~experiments.apriori.run.StepClock` then leaves the target passes it makes, as an early exit's, to
+    the drafter)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.current: dict[int, np.ndarray] = {}
-        self.logits_per_step: list[dict[int, np.ndarray]] = []
         self.call_times: list[tuple[int, int, float]] = []
         self.drafting = False
         self.level = 0
@@ -185,24 +182,54 @@ class RecordingDrafter:
             self.drafting = False
         self.call_times.append((self.level, len(nodes), time.perf_counter() - start))
         self.level += 1
-        if logits is not None:
-            rows = logits.detach().float().cpu().numpy()
-            for node, row in zip(nodes, rows, strict=True):
-                self.current[node] = row
+        self._keep(nodes, logits)
         return logits
 
+    def _keep(self, nodes, logits) -> None:
+        """What a subclass keeps of a call's logits (nothing here)."""
+
+    def _begin_step(self) -> None:
+        self.level = 0
+
+    def _end_step(self, log) -> None:
+        """What a subclass keeps when a step ends (nothing here)."""
+
     def attach(self, decoder) -> None:
-        """Route ``decoder``'s drafting through this recorder and keep each step's logits."""
+        """Route ``decoder``'s drafting through this wrapper, counting levels per step."""
         decoder.drafter = self
         original = decoder.step
 
         def step(state, generator):
-            self.current, self.level = {}, 0
+            self._begin_step()
             log = original(state, generator)
-            self.logits_per_step.append({node: self.current[node] for node in log.expanded})
+            self._end_step(log)
             return log
 
         decoder.step = step
+
+
+class RecordingDrafter(TimedDrafter):
+    """A :class:`TimedDrafter` that also keeps, for every step, the raw draft logits of every node it was asked
+    about: once attached (:meth:`attach`), ``logits_per_step[i]`` maps node -> logits (numpy float32) for step
+    ``i`` of the generation."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.current: dict[int, np.ndarray] = {}
+        self.logits_per_step: list[dict[int, np.ndarray]] = []
+
+    def _keep(self, nodes, logits) -> None:
+        if logits is not None:
+            rows = logits.detach().float().cpu().numpy()
+            for node, row in zip(nodes, rows, strict=True):
+                self.current[node] = row
+
+    def _begin_step(self) -> None:
+        super()._begin_step()
+        self.current = {}
+
+    def _end_step(self, log) -> None:
+        self.logits_per_step.append({node: self.current[node] for node in log.expanded})
 
 
 @dataclass
