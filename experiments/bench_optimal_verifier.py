@@ -1,6 +1,7 @@
 """Benchmark: the run-time optimal verifier on real SmolLM2 pairs (V = 49152) and synthetic pairs (V = 151936).
 
-Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH] [--end-to-end N]``. For every pair and
+Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH] [--end-to-end N
+[--end-to-end-runs R]]``. For every pair and
 ``n`` in 2, 4, 8 it builds :func:`theory.optimal_verifier` and records the build time, the shortfall to
 :math:`\\alpha^*` and, on the same pair, the exact acceptance of RRS, K-SEQ and (``n = 2``) SpecHub (its own
 hub draft law) and RRS without replacement (a tree node with two children). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
@@ -224,6 +225,20 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=No
     ]
 
 
+def step_cost_ratios(rows: list[dict]) -> dict[str, dict]:
+    """Per decoder, the optimal verifier's cost per step and per token over RRS's, from :func:`end_to_end`'s
+    rows (one run): ``{"per_step": ..., "per_token": ...}`` (1.05 = 5% slower)."""
+    by = {(row["decoder"], row["verifier"]): row for row in rows}
+    return {
+        decoder: {
+            f"per_{unit}": by[decoder, "optimal"][f"ms_per_{unit}"] / by[decoder, "rrs"][f"ms_per_{unit}"]
+            for unit in ("step", "token")
+        }
+        for decoder, verifier in by
+        if verifier == "rrs" and (decoder, "optimal") in by
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few pairs per case")
@@ -255,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         "--end-to-end", type=int, default=0, help="also decode N tokens per prompt with SmolLM2"
     )
     parser.add_argument(
+        "--end-to-end-runs",
+        type=int,
+        default=1,
+        help="with --end-to-end: runs in a row in this process, each reported (the first pays warm-up; a "
+        "single run moves by +-5%% on a shared machine)",
+    )
+    parser.add_argument(
         "--wor-tokens",
         type=int,
         default=0,
@@ -266,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps and --synthetic must be at least 1 and --synthetic-vocab at least 2")
     if not args.synthetic_noise >= 0:
         parser.error(f"--synthetic-noise must be a scale >= 0, got {args.synthetic_noise}")
+    if args.end_to_end_runs < 1:
+        parser.error(f"--end-to-end-runs must be at least 1, got {args.end_to_end_runs}")
     if args.wor_tokens < 0 or (args.only_wor and args.wor_tokens < 4):
         parser.error("--wor-tokens must be >= 0 (and >= 4 with --only-wor)")
     drafters = [spec.strip() for spec in args.drafters.split(",") if spec.strip()]
@@ -328,13 +352,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.end_to_end:
         from experiments.real_pairs import PROMPTS
 
-        results["end_to_end"] = end_to_end(PROMPTS, args.end_to_end)
-        for row in results["end_to_end"]:
-            print(
-                f"{row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
-                f"{row['ms_per_step']:.1f} ms/step ({row['cpu_ms_per_step']:.1f} CPU)  "
-                f"{row['ms_per_token']:.1f} ms/token"
-            )
+        results["end_to_end"], results["end_to_end_ratios"] = [], []
+        model, tokenizer = load_target()
+        for run in range(1, args.end_to_end_runs + 1):
+            rows = end_to_end(PROMPTS, args.end_to_end, model=model, tokenizer=tokenizer)
+            results["end_to_end"] += [{"run": run, **row} for row in rows]
+            ratios = step_cost_ratios(rows)
+            results["end_to_end_ratios"].append({"run": run, **ratios})
+            for row in rows:
+                print(
+                    f"run {run} {row['decoder']:<10} {row['verifier']:<8} tau {row['tau']:.3f}  "
+                    f"{row['ms_per_step']:.1f} ms/step ({row['cpu_ms_per_step']:.1f} CPU)  "
+                    f"{row['ms_per_token']:.1f} ms/token"
+                )
+            for decoder, ratio in ratios.items():
+                print(
+                    f"run {run} {decoder}: optimal / RRS {ratio['per_step']:.3f} per step, "
+                    f"{ratio['per_token']:.3f} per token"
+                )
     from executor.files import write_json
 
     write_json(results, args.out)

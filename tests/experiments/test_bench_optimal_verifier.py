@@ -92,3 +92,23 @@ def test_end_to_end_on_a_tiny_model_reports_both_verifiers_and_decoders():
     }
     for row in rows:
         assert row["tau"] >= 1.0 and row["cpu_ms_per_step"] > 0 and row["ms_per_token"] > 0
+
+
+def test_step_cost_ratios_divide_the_optimal_rows_by_the_rrs_rows_per_decoder():
+    rows = [
+        {"decoder": "multidraft", "verifier": "rrs", "ms_per_step": 60.0, "ms_per_token": 45.0},
+        {"decoder": "multidraft", "verifier": "optimal", "ms_per_step": 63.0, "ms_per_token": 49.5},
+        {"decoder": "tree", "verifier": "optimal", "ms_per_step": 90.0, "ms_per_token": 60.0},
+        {"decoder": "tree", "verifier": "rrs", "ms_per_step": 100.0, "ms_per_token": 80.0},
+    ]
+    assert bench.step_cost_ratios(rows) == {
+        "multidraft": {"per_step": pytest.approx(1.05), "per_token": pytest.approx(1.1)},
+        "tree": {"per_step": pytest.approx(0.9), "per_token": pytest.approx(0.75)},
+    }
+    assert bench.step_cost_ratios(rows[:1]) == {}  # no optimal row: nothing to compare
+
+
+def test_end_to_end_runs_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--end-to-end", "4", "--end-to-end-runs", "0"])
+    assert "--end-to-end-runs must be at least 1, got 0" in capsys.readouterr().err
