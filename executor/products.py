@@ -195,7 +195,7 @@ def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if (
             plan is not None
             and plan.weight() is weight
-            and plan.key == _weight_key(weight)
+            and plan.key == tensor_key(weight)
             and x.dtype is plan.dtype
             and x.is_cpu
             and not torch.is_grad_enabled()
@@ -467,14 +467,15 @@ def tensor_version(tensor: torch.Tensor) -> int | None:
     return None if tensor.is_inference() else tensor._version
 
 
-def _weight_key(weight: torch.Tensor) -> tuple:
-    """What changes when a weight is changed in place (its version) or its storage replaced (``.data =``)."""
-    return (weight.data_ptr(), tensor_version(weight), weight.shape, weight.stride())
+def tensor_key(tensor: torch.Tensor) -> tuple:
+    """What changes when a tensor is changed in place (its version) or its storage replaced (``.data =``): the
+    key of the packed copies and plans here, and of :func:`executor.training.model_fingerprint`'s cache."""
+    return (tensor.data_ptr(), tensor_version(tensor), tensor.shape, tensor.stride())
 
 
 def _cached_copy(table: WeakIdKeyDictionary, weight: torch.Tensor, pack) -> torch.Tensor:
     entry = table.get(weight)
-    key = _weight_key(weight)
+    key = tensor_key(weight)
     if entry is None or entry[0] != key:
         entry = (key, weight.untyped_storage(), pack(weight.detach().contiguous()))
         table[weight] = entry
@@ -535,7 +536,7 @@ class _Plan:
                 del _PLANS[identity]
 
         self.weight = weakref.ref(weight, forget)
-        self.key = _weight_key(weight)
+        self.key = tensor_key(weight)
         self.dtype = weight.dtype
         self.operator = _native_op_for(weight)
         self.native = None  # its copy, made by the first product that runs natively
@@ -552,7 +553,7 @@ def _packed_linear_cpu(x: torch.Tensor, weight: torch.Tensor, plan: _Plan | None
     if plan is None:
         # From the checked path or a compiled graph: the weight's plan, made where it is not current.
         plan = _PLANS.get(id(weight))
-        if plan is None or plan.weight() is not weight or plan.key != _weight_key(weight):
+        if plan is None or plan.weight() is not weight or plan.key != tensor_key(weight):
             plan = _PLANS[id(weight)] = _Plan(weight)
     if plan.operator is not None and x.numel() < plan.native_below:
         if plan.native is None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from executor.files import write_bytes
-from executor.products import tensor_version
+from executor.products import tensor_key
 
 __all__ = [
     "CARD_NAME",
@@ -67,10 +67,7 @@ def model_fingerprint(model) -> dict:
     # loading one drafter asked for it three times; kept per model until a tensor is replaced or changed.
     key = (
         config,
-        *(
-            (t.data_ptr(), tensor_version(t), t.dtype, t.shape)
-            for t in (*model.parameters(), *model.buffers())
-        ),
+        *((tensor_key(t), t.dtype) for t in (*model.parameters(), *model.buffers())),
     )
     cached = _FINGERPRINTS.get(model)
     if cached is not None and cached[0] == key:

@@ -513,7 +513,7 @@ def stale_plan_product(x, weight):
     with torch.no_grad():
         products.product(x, weight)
         weight.mul_(2)
-        products._PLANS[id(weight)].key = products._weight_key(weight)
+        products._PLANS[id(weight)].key = products.tensor_key(weight)
         return products.product(x, weight)
 
 
