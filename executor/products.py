@@ -76,6 +76,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from executor.files import write_json
+from theory._native import cpuinfo as _cpuinfo  # the first processor's fields of /proc/cpuinfo
 
 __all__ = [
     "NATIVE_CPU_BF16",
@@ -237,21 +238,6 @@ def _native_op(dtype: torch.dtype):
     if dtype not in _NATIVE and not torch.compiler.is_compiling():
         _NATIVE[dtype] = _load_native(dtype) if _cpu_has(NATIVE_KERNELS[dtype][1]) else None
     return _NATIVE.get(dtype)
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (``{}`` where there is none: not Linux)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
 
 
 def _cpu_has(flags) -> bool:

@@ -21,7 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.goodness_of_fit import law_p_value
-from theory import check_lossless, optimal_acceptance, optimal_verifier, strategies
+from tests.native import require_native_fit
+from theory import _native, check_lossless, optimal_acceptance, optimal_verifier, strategies
 from theory.draft_laws import enumerate_drafts
 
 module = importlib.import_module("theory.optimal_verifier")
@@ -135,10 +136,22 @@ def brute_force_optimum(p, q, n):
     return float(1.0 + np.min(sets @ p - (sets @ q) ** n))
 
 
+def _built(p, q, n, native_fit):
+    """The verifier, its classes fitted natively (the default) or by numpy."""
+    if native_fit:
+        require_native_fit()
+    with _native.enabled(native_fit):
+        return optimal_verifier(p, q, n)
+
+
+BOTH_FITS = pytest.mark.parametrize("native_fit", [False, True], ids=["numpy-fit", "native-fit"])
+
+
+@BOTH_FITS
 @given(cases())
-def test_output_law_equals_target_by_enumeration(case):
+def test_output_law_equals_target_by_enumeration(native_fit, case):
     p, q, n = case
-    v = optimal_verifier(p, q, n)
+    v = _built(p, q, n, native_fit)
     output, _, _ = enumerated(v, q, n)
     np.testing.assert_allclose(output, p / p.sum(), rtol=0, atol=1e-12)
 
@@ -156,10 +169,11 @@ def test_acceptance_reaches_the_optimum(case):
     assert v.shortfall == pytest.approx(max(v.alpha_star - v.acceptance, 0.0), abs=1e-15)
 
 
+@BOTH_FITS
 @given(cases())
-def test_marginal_equals_the_enumerated_selection_marginal(case):
+def test_marginal_equals_the_enumerated_selection_marginal(native_fit, case):
     p, q, n = case
-    v = optimal_verifier(p, q, n)
+    v = _built(p, q, n, native_fit)
     _, selection, _ = enumerated(v, q, n)
     np.testing.assert_allclose(v.marginal, selection, rtol=0, atol=1e-12)
     np.testing.assert_allclose(v.acceptance, np.minimum(p / p.sum(), v.marginal).sum(), atol=1e-15)

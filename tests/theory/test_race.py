@@ -16,7 +16,30 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.native import require_native_fit
+
 race = importlib.import_module("theory._race")
+native = importlib.import_module("theory._native")
+#: The fit runs natively by default (theory/csrc/race_fit.cpp, tests/theory/test_native.py); every fit test here
+#: runs on both implementations.
+BOTH_FITS = pytest.mark.parametrize("native_fit", [False, True], ids=["numpy-fit", "native-fit"])
+
+
+def _fit(native_fit, lower, masses, target, n):
+    if native_fit:
+        require_native_fit()
+    with native.enabled(native_fit):
+        return race.fit_log_weights(lower, masses, target, n)
+
+
+def _assert_own_marginal(native_fit, r, lower, masses, fitted, n):
+    """``r`` is the race's marginal at the weights returned: numpy's own evaluation, or the native one within
+    the round-off of two summation orders."""
+    expected = race.race_marginal(lower, masses, fitted, n)
+    if native_fit:
+        assert np.all(np.abs(r - expected) <= 4e-15 * _scale(lower, masses, n))
+    else:
+        np.testing.assert_array_equal(r, expected)
 
 
 @st.composite
@@ -122,18 +145,19 @@ def test_singleton_bounds_are_the_limits_of_one_units_marginal(case, data):
 _STALLED_MASSES = 10.0 ** np.array([0.0, -1.0, -10.0])
 
 
+@BOTH_FITS
 @given(races())
 # CI's draw on 2026-11-27: a tiny unit's long move nudged the two equal units by 1e-9 (error 5.4e-12), and the
 # fit stopped on one step that did not halve the error.
 @example((0.375, _STALLED_MASSES / _STALLED_MASSES.sum() * 0.25, np.array([9.0, 9.0, -4.0]), 2))
-def test_fit_converges_from_its_start_to_a_feasible_target(case):
+def test_fit_converges_from_its_start_to_a_feasible_target(native_fit, case):
     """Targets made as the marginal of known weights are feasible; the fit must reach them to round-off."""
     lower, masses, log_weights, n = case
     log_weights = log_weights / 3.0  # within e^+-4: targets that float64 weights can reproduce to 1e-15
     target = race.race_marginal(lower, masses, log_weights, n)
-    fitted, r = race.fit_log_weights(lower, masses, target, n)
+    fitted, r = _fit(native_fit, lower, masses, target, n)
     assert np.all(np.isfinite(fitted))
-    np.testing.assert_allclose(r, race.race_marginal(lower, masses, fitted, n), rtol=0, atol=1e-300)
+    _assert_own_marginal(native_fit, r, lower, masses, fitted, n)
     assert np.abs(r - target).sum() <= 10 * race.TOLERANCE  # the fit's absolute stopping rule
 
 
@@ -146,7 +170,7 @@ def _evaluations(monkeypatch, lower, masses, target, n):
         return marginal(*args, **kwargs)
 
     monkeypatch.setattr(race, "race_marginal", counted)
-    _, r = race.fit_log_weights(lower, masses, target, n)
+    _, r = _fit(False, lower, masses, target, n)  # counts numpy's evaluations
     monkeypatch.setattr(race, "race_marginal", marginal)
     return len(calls), np.abs(r - target).sum()
 
@@ -217,31 +241,34 @@ def test_enumerated_race_oracle_agrees_with_the_quadrature_on_moderate_spreads(c
     assert abs(potential - expected_potential) <= 1e-12 * max(1.0, abs(expected_potential))
 
 
-def test_fit_towards_a_zero_target_stays_within_the_floor_without_overflow():
+@BOTH_FITS
+def test_fit_towards_a_zero_target_stays_within_the_floor_without_overflow(native_fit):
     """A unit of mass 2e-5 with target 1e-300 (its least marginal, Q_u^4 ~ 4e-19, is below the tolerance):
     Newton pushes its log-weight down 8 per step; past -705 the old window overflowed (a NaN trial, discarded).
     The fit now stops the unit at -FLOOR, where its marginal is its least in float64."""
     masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
     target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
     with np.errstate(over="raise", invalid="raise", divide="raise"):
-        fitted, r = race.fit_log_weights(0.0, masses, target, 4)
+        fitted, r = _fit(native_fit, 0.0, masses, target, 4)
     assert fitted.min() >= -race.FLOOR and fitted.max() == 0.0
-    np.testing.assert_array_equal(r, race.race_marginal(0.0, masses, fitted, 4))
+    _assert_own_marginal(native_fit, r, 0.0, masses, fitted, 4)
     assert abs(r[0] - masses[0] ** 4) <= 1e-30  # the unit wins only when every draft is in it
 
 
-def test_fit_reaches_the_other_targets_while_one_unit_is_pushed_far_behind():
+@BOTH_FITS
+def test_fit_reaches_the_other_targets_while_one_unit_is_pushed_far_behind(native_fit):
     """The unit of the test above has a step ~1e200 (its marginal no longer moves): centred on the plain mean,
     it dragged every other coordinate of the step to the clip, so the others never moved relative to each
     other and the fit stopped 2.8e-7 short. Centred on the median unit's step, the others converge."""
     masses = np.array([2.4436214608556554e-05, 2.3807586315775309e-03, 1.9059339405393255e-01])
     target = np.array([1e-300, 4.2192572207848291e-07, 1.3870254978130218e-03])
-    _, r = race.fit_log_weights(0.0, masses, target, 4)
+    _, r = _fit(native_fit, 0.0, masses, target, 4)
     assert np.abs(r - target).sum() <= race.TOLERANCE
 
 
+@BOTH_FITS
 @pytest.mark.parametrize("n", [3, 5])
-def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(n):
+def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(native_fit, n):
     """A unit of mass 1e-12 asked for 1e-10 more than it gets when it wins whenever drafted (an LP's
     tolerance does that): no weights reach it, and the best fit leaves exactly that 1e-10 on it and 1e-10 on
     the others. Centred on the plain mean, its step (~1e10) dragged the others' to the clip: 0.05 to 0.08 off."""
@@ -250,7 +277,7 @@ def test_fit_gets_as_close_as_possible_to_a_target_just_out_of_reach(n):
     high = race.singleton_bounds(0.1, masses, n)[1]
     target[0] -= high[2] + 1e-10 - target[2]
     target[2] = high[2] + 1e-10
-    _, r = race.fit_log_weights(0.1, masses, target, n)
+    _, r = _fit(native_fit, 0.1, masses, target, n)
     assert np.abs(r - target).sum() <= 2e-10 + race.TOLERANCE
 
 
