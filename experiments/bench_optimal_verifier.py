@@ -1,7 +1,7 @@
 """Benchmark: the run-time optimal verifier on real SmolLM2 pairs (V = 49152) and synthetic pairs (V = 151936).
 
-Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH] [--end-to-end N
-[--end-to-end-runs R]]``. For every pair and
+Run ``python -m experiments.bench_optimal_verifier [--quick] [--pairs-dir DIR] [--out PATH] [--numpy-fit]
+[--end-to-end N [--end-to-end-runs R]]``. For every pair and
 ``n`` in 2, 4, 8 it builds :func:`theory.optimal_verifier` and records the build time, the shortfall to
 :math:`\\alpha^*` and, on the same pair, the exact acceptance of RRS, K-SEQ and (``n = 2``) SpecHub (its own
 hub draft law) and RRS without replacement (a tree node with two children). Each build is timed next to ``numpy.argsort`` of the same ``p/q`` row (the floor of any method
@@ -17,6 +17,7 @@ for a trained head, its checkpoint). Prints a table and writes JSON atomically; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import platform
 import time
@@ -27,7 +28,7 @@ from tqdm import tqdm
 
 from executor.training.checkpoint import cache_root
 from executor.weights import load_model
-from theory import optimal_verifier, optimal_verifier_wor, verifier
+from theory import _native, optimal_verifier, optimal_verifier_wor, verifier
 
 DRAFTS = (2, 4, 8)
 SYNTHETIC_VOCAB = 151936
@@ -97,12 +98,18 @@ def _timed(function):
     return result, time.perf_counter() - wall, time.thread_time() - cpu
 
 
-def measure(p: np.ndarray, q: np.ndarray, n: int) -> dict:
-    """Build time and argsort time (interleaved), shortfall, alpha* and the baselines' acceptance."""
+def measure(p: np.ndarray, q: np.ndarray, n: int, numpy_fit: bool = False) -> dict:
+    """Build time and argsort time (interleaved), shortfall, alpha* and the baselines' acceptance; with
+    ``numpy_fit``, also the build's time with the race fitted by numpy instead of the native fit, next to it."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = p / q
     _, sort_seconds, sort_cpu = _timed(lambda: np.argsort(ratio))
     built, build_seconds, build_cpu = _timed(lambda: optimal_verifier(p, q, n))
+    extra = {}
+    if numpy_fit:
+        with _native.enabled(False):
+            _, numpy_seconds, numpy_cpu = _timed(lambda: optimal_verifier(p, q, n))
+        extra = {"numpy_fit_build_ms": 1e3 * numpy_seconds, "numpy_fit_build_cpu_ms": 1e3 * numpy_cpu}
     row = {
         "n": n,
         "build_ms": 1e3 * build_seconds,
@@ -114,6 +121,7 @@ def measure(p: np.ndarray, q: np.ndarray, n: int) -> dict:
         "shortfall": built.shortfall,
         "rrs": float(verifier("rrs").acceptance(p, q, n)),
         "kseq": float(verifier("kseq").acceptance(p, q, n)),
+        **extra,
     }
     if n == 2:
         row["spechub"] = float(verifier("spechub").acceptance(p, q, 2))
@@ -163,6 +171,11 @@ def summarise(rows: list[dict]) -> dict:
         "shortfall_median": float(np.median(shortfall)),
         "alpha_star_mean": float(alpha.mean()),
     }
+    if "numpy_fit_build_cpu_ms" in rows[0]:
+        numpy_cpu = np.array([r["numpy_fit_build_cpu_ms"] for r in rows])
+        out["numpy_fit_build_cpu_ms_median"] = float(np.median(numpy_cpu))
+        out["numpy_fit_build_cpu_ms_p99"] = float(np.percentile(numpy_cpu, 99))
+        out["over_numpy_fit_median"] = float(np.median(cpu / np.maximum(numpy_cpu, 1e-6)))
     for name in ("rrs", "kseq", "spechub", "rrs_wor"):
         if name in rows[0]:
             gap = alpha - np.array([r[name] for r in rows])
@@ -171,11 +184,41 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def timed_verifiers(names=("rrs", "optimal")):
+    """Within the context, the CPU seconds of this thread spent in each named verification kernel of
+    ``executor.verification`` (the optimal one includes its build), and its call count: ``{name: [seconds,
+    calls]}``. A step's cost differs between two verifiers only there, so this is the difference the end-to-end
+    per-step ratio measures, without the noise of the forwards around it."""
+    from executor import verification
+
+    spent = {name: [0.0, 0] for name in names}
+    originals = {name: verification._KERNELS[name] for name in names}
+
+    def timing(name, kernel):
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                spent[name][0] += time.thread_time() - start
+                spent[name][1] += 1
+
+        return timed
+
+    verification._KERNELS.update({name: timing(name, kernel) for name, kernel in originals.items()})
+    try:
+        yield spent
+    finally:
+        verification._KERNELS.update(originals)
+
+
 def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=None) -> list[dict]:
     """SmolLM2 decoding with ``verifier="rrs"`` and ``"optimal"`` side by side (both draw i.i.d. drafts), for the
     multi-draft decoder (n = 4) and a tree (4 levels, 2 i.i.d. children per node): tokens per step, wall and CPU
-    time per step (one torch thread, so the CPU time is the step's cost without the waits of a shared machine),
-    runs interleaved prompt by prompt."""
+    time per step (one torch thread, so the CPU time is the step's cost without the waits of a shared machine)
+    and the CPU time per step in the verification kernel (:func:`timed_verifiers`), runs interleaved prompt by
+    prompt, the first verifier alternating."""
 
     from executor.device import set_threads
     from executor.generate import generate
@@ -188,29 +231,35 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=No
     totals = {}
     for index, prompt in enumerate(prompts):
         for decoder, n, gamma in (("multidraft", 4, 1), ("tree", 2, 4)):
-            for name in ("rrs", "optimal"):
-                start, cpu = time.perf_counter(), time.thread_time()
-                result = generate(
-                    prompt,
-                    model=model,
-                    tokenizer=tokenizer,
-                    decoder=decoder,
-                    verifier=name,
-                    n=n,
-                    gamma=gamma,
-                    temperature=1.0,
-                    max_new_tokens=new_tokens,
-                    seed=seed + index,
-                    stop_at_eos=False,
-                )
-                seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            # The order alternates by prompt (ABBA over prompt pairs): a machine whose speed drifts within a
+            # run then charges both verifiers alike.
+            for name in ("rrs", "optimal") if index % 2 == 0 else ("optimal", "rrs"):
+                with timed_verifiers((name,)) as spent:
+                    start, cpu = time.perf_counter(), time.thread_time()
+                    result = generate(
+                        prompt,
+                        model=model,
+                        tokenizer=tokenizer,
+                        decoder=decoder,
+                        verifier=name,
+                        n=n,
+                        gamma=gamma,
+                        temperature=1.0,
+                        max_new_tokens=new_tokens,
+                        seed=seed + index,
+                        stop_at_eos=False,
+                    )
+                    seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
                 entry = totals.setdefault(
-                    (decoder, name), {"tokens": 0, "steps": 0, "seconds": 0.0, "cpu": 0.0}
+                    (decoder, name),
+                    {"tokens": 0, "steps": 0, "seconds": 0.0, "cpu": 0.0, "verify": 0.0, "verify_calls": 0},
                 )
                 entry["tokens"] += len(result.token_ids)
                 entry["steps"] += len(result.steps)
                 entry["seconds"] += seconds
                 entry["cpu"] += cpu
+                entry["verify"] += spent[name][0]
+                entry["verify_calls"] += spent[name][1]
     return [
         {
             "decoder": decoder,
@@ -220,6 +269,8 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=No
             "ms_per_token": 1e3 * e["seconds"] / e["tokens"],
             "cpu_ms_per_step": 1e3 * e["cpu"] / e["steps"],
             "cpu_ms_per_token": 1e3 * e["cpu"] / e["tokens"],
+            "verify_cpu_ms_per_step": 1e3 * e["verify"] / e["steps"],
+            "verify_calls_per_step": e["verify_calls"] / e["steps"],
         }
         for (decoder, name), e in totals.items()
     ]
@@ -227,16 +278,22 @@ def end_to_end(prompts, new_tokens: int, seed: int = 0, model=None, tokenizer=No
 
 def step_cost_ratios(rows: list[dict]) -> dict[str, dict]:
     """Per decoder, the optimal verifier's cost per step and per token over RRS's, from :func:`end_to_end`'s
-    rows (one run): ``{"per_step": ..., "per_token": ...}`` (1.05 = 5% slower)."""
+    rows (one run): ``{"per_step": ..., "per_token": ...}`` (1.05 = 5% slower), and ``verify_extra_share``, the
+    verification kernels' extra CPU time per step over RRS's CPU time per step (0.05 = 5%: the part of the
+    per-step ratio the verifier itself adds, measured without the forwards' noise)."""
     by = {(row["decoder"], row["verifier"]): row for row in rows}
-    return {
-        decoder: {
-            f"per_{unit}": by[decoder, "optimal"][f"ms_per_{unit}"] / by[decoder, "rrs"][f"ms_per_{unit}"]
-            for unit in ("step", "token")
+    ratios = {}
+    for decoder, name in by:
+        if name != "rrs" or (decoder, "optimal") not in by:
+            continue
+        rrs, optimal = by[decoder, "rrs"], by[decoder, "optimal"]
+        ratios[decoder] = {
+            f"per_{unit}": optimal[f"ms_per_{unit}"] / rrs[f"ms_per_{unit}"] for unit in ("step", "token")
         }
-        for decoder, verifier in by
-        if verifier == "rrs" and (decoder, "optimal") in by
-    }
+        if "verify_cpu_ms_per_step" in rrs:
+            extra = optimal["verify_cpu_ms_per_step"] - rrs["verify_cpu_ms_per_step"]
+            ratios[decoder]["verify_extra_share"] = extra / rrs["cpu_ms_per_step"]
+    return ratios
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also build the without-replacement verifier on the real pairs cut to their top K tokens + rest",
     )
     parser.add_argument("--only-wor", action="store_true", help="skip the i.i.d. cases (with --wor-tokens)")
+    parser.add_argument(
+        "--numpy-fit",
+        action="store_true",
+        help="also time each build with the race fitted by numpy instead of the native fit, next to it",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.synthetic < 1 or args.synthetic_vocab < 2:
         parser.error("--steps and --synthetic must be at least 1 and --synthetic-vocab at least 2")
@@ -309,7 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         cases[f"synthetic V = {args.synthetic_vocab}{noise}, T = {temperature}"] = list(
             synthetic_pairs(rng, count, args.synthetic_vocab, temperature, args.synthetic_noise)
         )
-    results = {"machine": platform.platform(), "numpy": np.__version__, "cases": {}, "wor": {}}
+    results = {
+        "machine": platform.platform(),
+        "numpy": np.__version__,
+        "native_fit": _native.available(),
+        "cases": {},
+        "wor": {},
+    }
     if args.wor_tokens:
         for label, pairs in list(cases.items())[: 2 * len(drafters)]:
             for n in (2, 3, 4):
@@ -332,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
             cases = {}
     for label, pairs in cases.items():
         for n in DRAFTS:
-            rows = [measure(p, q, n) for p, q in tqdm(pairs, desc=f"{label}, n = {n}", leave=False)]
+            rows = [
+                measure(p, q, n, args.numpy_fit)
+                for p, q in tqdm(pairs, desc=f"{label}, n = {n}", leave=False)
+            ]
             results["cases"][f"{label}, n = {n}"] = {"summary": summarise(rows), "rows": rows}
     header = (
         f"{'case':<44} {'build ms med/p99':>17} {'CPU ms med/p99':>15} {'x argsort':>10} {'shortfall max/med':>19} "
@@ -349,6 +420,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['build_over_argsort_median']:>10.1f} {s['shortfall_max']:>9.1e}/{s['shortfall_median']:<9.1e} "
             f"{s['alpha_star_mean']:>7.4f} {s['rrs_gap_mean']:>8.4f} {s['kseq_gap_mean']:>9.4f} {spechub:>8} {wor:>8}"
         )
+    if args.numpy_fit:
+        print(f"\n{'case':<44} {'CPU ms, native fit':>19} {'CPU ms, numpy fit':>18} {'native / numpy':>15}")
+        for label, entry in results["cases"].items():
+            s = entry["summary"]
+            print(
+                f"{label:<44} {s['build_cpu_ms_median']:>19.2f} {s['numpy_fit_build_cpu_ms_median']:>18.2f} "
+                f"{s['over_numpy_fit_median']:>15.3f}"
+            )
     if args.end_to_end:
         from experiments.real_pairs import PROMPTS
 
@@ -368,8 +447,23 @@ def main(argv: list[str] | None = None) -> int:
             for decoder, ratio in ratios.items():
                 print(
                     f"run {run} {decoder}: optimal / RRS {ratio['per_step']:.3f} per step, "
-                    f"{ratio['per_token']:.3f} per token"
+                    f"{ratio['per_token']:.3f} per token; the verifier adds {100 * ratio['verify_extra_share']:.1f}% "
+                    "of a step"
                 )
+        medians = {
+            decoder: {
+                unit: float(np.median([entry[decoder][unit] for entry in results["end_to_end_ratios"]]))
+                for unit in ("per_step", "per_token", "verify_extra_share")
+            }
+            for decoder in ratios
+        }
+        results["end_to_end_ratio_medians"] = medians
+        for decoder, ratio in medians.items():
+            print(
+                f"median of {args.end_to_end_runs} runs, {decoder}: optimal / RRS {ratio['per_step']:.3f} per "
+                f"step, {ratio['per_token']:.3f} per token; the verifier adds "
+                f"{100 * ratio['verify_extra_share']:.1f}% of a step"
+            )
     from executor.files import write_json
 
     write_json(results, args.out)

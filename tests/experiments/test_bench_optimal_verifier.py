@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from experiments import bench_optimal_verifier as bench
 from tests.experiments.test_real_pairs import ByteTokenizer
@@ -41,6 +42,34 @@ def test_benchmark_runs_on_tiny_pairs_and_writes_valid_json(tmp_path, capsys):
             assert row["rrs"] <= row["alpha_star"] + 1e-12 and row["kseq"] <= row["alpha_star"] + 1e-12
     printed = capsys.readouterr().out
     assert "synthetic V = 64" in printed and "wrote" in printed
+
+
+def test_numpy_fit_times_each_build_both_ways(tmp_path, capsys):
+    cached_pairs(tmp_path / "pairs", 3)
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--pairs-dir", str(tmp_path / "pairs"), "--steps", "3", "--synthetic", "1"]
+    assert (
+        bench.main(
+            [
+                *argv,
+                "--drafters",
+                "early-exit:15",
+                "--synthetic-vocab",
+                "64",
+                "--numpy-fit",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    results = json.loads(out.read_text())
+    assert isinstance(results["native_fit"], bool)
+    for entry in results["cases"].values():
+        summary = entry["summary"]
+        assert all(row["numpy_fit_build_cpu_ms"] > 0 for row in entry["rows"])
+        assert summary["over_numpy_fit_median"] > 0 and summary["numpy_fit_build_cpu_ms_median"] > 0
+    assert "native / numpy" in capsys.readouterr().out
 
 
 def test_bad_arguments_exit_non_zero(tmp_path):
@@ -92,20 +121,70 @@ def test_end_to_end_on_a_tiny_model_reports_both_verifiers_and_decoders():
     }
     for row in rows:
         assert row["tau"] >= 1.0 and row["cpu_ms_per_step"] > 0 and row["ms_per_token"] > 0
+        # One verification call per step for the multi-draft decoder, one per tree node with children.
+        assert (
+            row["verify_calls_per_step"] >= 1 and 0 < row["verify_cpu_ms_per_step"] < row["cpu_ms_per_step"]
+        )
+    from executor import verification
+
+    assert verification._KERNELS["optimal"].__name__ == "<lambda>"  # the timers are gone
+
+
+def test_timed_verifiers_count_each_kernel_call_and_restore_the_kernels():
+    from executor import verification
+
+    original = verification._KERNELS["rrs"]
+    p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    drafts = torch.tensor([[0, 1]])
+    with bench.timed_verifiers(("rrs",)) as spent:
+        for _ in range(3):
+            verification._KERNELS["rrs"](p, p, drafts, torch.Generator().manual_seed(0))
+    assert spent["rrs"][1] == 3 and spent["rrs"][0] >= 0.0
+    assert verification._KERNELS["rrs"] is original
 
 
 def test_step_cost_ratios_divide_the_optimal_rows_by_the_rrs_rows_per_decoder():
+    verify = {"verify_cpu_ms_per_step": 1.0, "cpu_ms_per_step": 59.0}
     rows = [
-        {"decoder": "multidraft", "verifier": "rrs", "ms_per_step": 60.0, "ms_per_token": 45.0},
-        {"decoder": "multidraft", "verifier": "optimal", "ms_per_step": 63.0, "ms_per_token": 49.5},
+        {"decoder": "multidraft", "verifier": "rrs", "ms_per_step": 60.0, "ms_per_token": 45.0, **verify},
+        {
+            "decoder": "multidraft",
+            "verifier": "optimal",
+            "ms_per_step": 63.0,
+            "ms_per_token": 49.5,
+            **verify,
+            "verify_cpu_ms_per_step": 3.95,
+        },
         {"decoder": "tree", "verifier": "optimal", "ms_per_step": 90.0, "ms_per_token": 60.0},
         {"decoder": "tree", "verifier": "rrs", "ms_per_step": 100.0, "ms_per_token": 80.0},
     ]
     assert bench.step_cost_ratios(rows) == {
-        "multidraft": {"per_step": pytest.approx(1.05), "per_token": pytest.approx(1.1)},
+        "multidraft": {
+            "per_step": pytest.approx(1.05),
+            "per_token": pytest.approx(1.1),
+            "verify_extra_share": pytest.approx(0.05),  # (3.95 - 1) / 59
+        },
         "tree": {"per_step": pytest.approx(0.9), "per_token": pytest.approx(0.75)},
     }
     assert bench.step_cost_ratios(rows[:1]) == {}  # no optimal row: nothing to compare
+
+
+def test_end_to_end_runs_report_each_run_and_their_median(tmp_path, monkeypatch, capsys):
+    model = build_tiny_model(0, vocab_size=16, max_seq_len=128)
+    monkeypatch.setattr(bench, "load_model", lambda: (model, ByteTokenizer()))
+    cached_pairs(tmp_path / "pairs", 3)
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--pairs-dir", str(tmp_path / "pairs"), "--steps", "3", "--synthetic", "1"]
+    argv += ["--drafters", "early-exit:15", "--synthetic-vocab", "64", "--out", str(out)]
+    assert bench.main([*argv, "--end-to-end", "3", "--end-to-end-runs", "3"]) == 0
+    results = json.loads(out.read_text())
+    runs = results["end_to_end_ratios"]
+    assert [entry["run"] for entry in runs] == [1, 2, 3]
+    for decoder in ("multidraft", "tree"):
+        for unit in ("per_step", "per_token"):
+            expected = float(np.median([entry[decoder][unit] for entry in runs]))
+            assert results["end_to_end_ratio_medians"][decoder][unit] == expected
+    assert "median of 3 runs, tree: optimal / RRS" in capsys.readouterr().out
 
 
 def test_end_to_end_runs_must_be_positive(capsys):
