@@ -142,6 +142,31 @@ def decoders(target, draft_model):
     }
 
 
+def test_one_cpu_row_verified_in_numpy_takes_the_torch_paths_decisions():
+    """A single CPU row runs the step in numpy (:func:`verify_optimal` without ``tables``); the batched torch
+    path (``tables`` given) is its oracle: the same token for every seed and the generator left in the same
+    state, on random pairs (float32 and float64 targets, leading shape () and (1,), n = 1-5), rejections
+    included (the residual is drawn in both)."""
+    rng = np.random.default_rng(0)
+    rejected = 0
+    for trial in range(120):
+        vocab, n = int(rng.integers(2, 30)), int(rng.integers(1, 6))
+        p = torch.tensor(rng.dirichlet(np.full(vocab, 0.5)), dtype=(torch.float32, torch.float64)[trial % 2])
+        q = torch.tensor(rng.dirichlet(np.full(vocab, 0.5)))
+        drafts = torch.multinomial(q, n, replacement=True, generator=torch.Generator().manual_seed(trial))
+        shape = (1,) if trial % 3 == 0 else ()
+        p, q, drafts = p.reshape(*shape, vocab), q.reshape(*shape, vocab), drafts.reshape(*shape, n)
+        tables = build_tables(p, q, n)
+        for seed in range(10):
+            host, batched = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            token = verify_optimal(p, q, drafts, host)
+            expected = verify_optimal(p, q, drafts, batched, tables=tables)
+            assert token.shape == expected.shape and torch.equal(token, expected), (trial, seed)
+            assert torch.equal(torch.rand(2, generator=host), torch.rand(2, generator=batched))
+            rejected += int(token.item() not in drafts.reshape(-1).tolist())
+    assert rejected > 50  # the residual draw was compared too
+
+
 UNEVEN_TREE = [-1, 0, 0, 0, 1, 1, 2]
 
 
