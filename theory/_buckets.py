@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from theory import _native
+
 #: Mantissa bits of ``p/q`` in the coarse and the fine bucket keys (``2**bits`` buckets per octave).
 COARSE_BITS, FINE_BITS = 3, 8
 _SPLIT = 1 << (FINE_BITS - COARSE_BITS)  # fine buckets per coarse bucket
@@ -165,8 +167,28 @@ def _groupable(bucket_p, bucket_q, light_p, light_q, low, high, n: int, tight: f
     return fits & (slack > between)
 
 
+#: The constants :func:`bucketed` hands to its native twin (:mod:`theory._native`).
+NATIVE_CONSTANTS = {"MARGIN": MARGIN, "SHIFT": _SHIFT, "FINE_BITS": FINE_BITS, "COARSE_BITS": COARSE_BITS}
+
+
+def item_arrays(items: Items) -> tuple:
+    """``(p, q, low, high, single, count, item)`` of ``items``: what the native twin returns."""
+    return items.p, items.q, items.low, items.high, items.single, items.count, items.item
+
+
 def bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float, absent=None) -> Items:
-    """Items for a support with masses ``ps``, ``qs`` (``qs > 0``): see the module docstring.
+    """Items for a support with masses ``ps``, ``qs`` (``qs > 0``): see the module docstring and
+    :func:`_bucketed`. Runs as C++ where it is built (:mod:`theory._native`, bitwise the same items), else numpy.
+    """
+    native = _native.bucketed(ps, qs, n, group_below, tight, absent, NATIVE_CONSTANTS)
+    if native is not None:
+        return Items(*native, ps, qs)
+    return _bucketed(ps, qs, n, group_below, tight, absent)
+
+
+def _bucketed(ps: np.ndarray, qs: np.ndarray, n: int, group_below: float, tight: float, absent=None) -> Items:
+    """Items for a support with masses ``ps``, ``qs`` (``qs > 0``): see the module docstring; the specification
+    of the native twin.
 
     ``absent``: indices of tokens left out (``q = 0`` or negligible), for a whole row passed as it is (no copy of
     its support):

@@ -1,18 +1,22 @@
-"""The race fit in C++ (``theory/csrc/race_fit.cpp``), built on first use with the machine's C++ compiler.
+"""The theory's hot loops in C++ (``theory/csrc``), built on first use with the machine's C++ compiler.
 
-A class of the optimal verifier's build has a few dozen units and ~100 quadrature nodes: one numpy evaluation of
-the race marginal and its Jacobian costs ~100 us, nearly all of it numpy's per-call cost, and the Newton loop
-around it as much again. The C++ file runs :func:`theory._race.newton_fit` on :func:`theory._race.race_marginal`
-and :func:`theory._race.race_potential` in one call (the same formulas, IEEE double, no fast-math); the Python
-functions stay the specification and the oracle of the tests, and the fit of every case the C++ does not take
-(a singular Newton system, log-weights wider than the clocks' direct form) is the numpy one.
+Two functions, each the twin of a numpy function that stays its specification and the oracle of its tests
+(``tests/theory/test_native.py``):
 
-The library is compiled once per source, compiler and machine (``c++ -O3``, ~2 s) into
+* :func:`race_fit` -- :func:`theory._race.fit_log_weights`. A class of the optimal verifier's build has a few
+  dozen units and ~100 quadrature nodes: one numpy evaluation of the race marginal and its Jacobian costs
+  ~100 us, nearly all of it numpy's per-call cost, and the Newton loop around it as much again. The C++ runs
+  the same loop on the same formulas (IEEE double, no fast-math) in one call; every case it does not take (a
+  singular Newton system, log-weights wider than the clocks' direct form) goes back to numpy.
+* :func:`bucketed` -- :func:`theory._buckets.bucketed`: ~70 numpy calls, most on a few hundred buckets, and
+  eight passes over the vocabulary, as single loops; the items are bitwise numpy's.
+
+The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, a few seconds) into
 ``$XDG_CACHE_HOME/specbound/native/`` and loaded with :mod:`ctypes`, so ``theory`` needs neither torch nor a
-build step at install. Before first use it must reproduce numpy's marginal on a probe class; where there is no
-compiler, the build fails or the probe disagrees, one line on stderr says so and the numpy fit runs.
-``SPECBOUND_NATIVE=0`` in the environment (read at import; :func:`enable` in a running process) turns it off, as
-it does the executor's native products.
+build step at install. Before first use it must reproduce numpy on a probe of each function; where there is no
+compiler, the build fails or a probe disagrees, one line on stderr says so and numpy runs.
+``SPECBOUND_NATIVE=0`` in the environment (read at import; :func:`enabled` in a running process) turns it off,
+as it does the executor's native products.
 """
 
 from __future__ import annotations
@@ -31,14 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "cpuinfo", "enabled", "race_fit"]
+__all__ = ["available", "bucketed", "cpuinfo", "enabled", "race_fit"]
 
-SOURCE = Path(__file__).with_name("csrc") / "race_fit.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("race_fit.cpp", "buckets.cpp"))
 #: No ``-ffast-math``: the marginal must be the exact one of the weights returned, to IEEE round-off.
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 _ENABLED = os.environ.get("SPECBOUND_NATIVE", "1") != "0"
-_LIBRARY = None  # the loaded function; False where it is not offered (tried once)
+_LIBRARY = None  # the loaded library; False where it is not offered (tried once)
 _LOCK = threading.Lock()
 
 
@@ -54,8 +58,8 @@ def enabled(flag: bool):
 
 
 def available() -> bool:
-    """Whether :func:`race_fit` runs natively here (switched on, built and probed; tried once)."""
-    return _ENABLED and _function() is not None
+    """Whether the native functions run here (switched on, built and probed; tried once)."""
+    return _ENABLED and _library() is not None
 
 
 def race_fit(lower: float, masses: np.ndarray, target: np.ndarray, n: int, constants: dict):
@@ -64,8 +68,12 @@ def race_fit(lower: float, masses: np.ndarray, target: np.ndarray, n: int, const
     Arguments as :func:`theory._race.fit_log_weights` (at least two units); ``constants`` holds the fit's
     constants by their names in :mod:`theory._race` (one source for both implementations).
     """
-    function = _function() if _ENABLED else None
-    return None if function is None else _fit_with(function, lower, masses, target, n, constants)
+    library = _library() if _ENABLED else None
+    return (
+        None
+        if library is None
+        else _fit_with(library.specbound_race_fit, lower, masses, target, n, constants)
+    )
 
 
 def _fit_with(function, lower, masses, target, n, constants):
@@ -94,7 +102,55 @@ def _fit_with(function, lower, masses, target, n, constants):
     return (log_weights, r) if status == 0 else None
 
 
-def _function():
+def bucketed(ps, qs, n: int, group_below: float, tight: float, absent, constants: dict):
+    """The arrays of :func:`theory._buckets.bucketed`'s items ``(p, q, low, high, single, count, item)``, or
+    ``None`` where the numpy function must run. ``constants``: its module constants by name."""
+    library = _library() if _ENABLED else None
+    return (
+        None
+        if library is None
+        else _bucketed_with(library.specbound_bucketed, ps, qs, n, group_below, tight, absent, constants)
+    )
+
+
+_OUTPUTS = threading.local()
+
+
+def _bucketed_with(function, ps, qs, n, group_below, tight, absent, constants):
+    size = ps.shape[0]
+    # The per-item outputs land in buffers kept per thread (a fresh vocabulary-sized array costs ~100 page
+    # faults) and leave as copies of their first `items` entries; the token map is the build's own array.
+    buffers = getattr(_OUTPUTS, "buffers", None)
+    if buffers is None or buffers[0].shape[0] < size:
+        buffers = tuple(np.empty(size) for _ in range(4)) + (
+            np.empty(size, np.uint8),
+            np.empty(size, np.int64),
+        )
+        _OUTPUTS.buffers = buffers
+    item = np.empty(size, dtype=np.int64)
+    absent = np.zeros(0, dtype=np.int64) if absent is None else np.ascontiguousarray(absent, dtype=np.int64)
+    items = function(
+        np.ascontiguousarray(ps, dtype=np.float64).ctypes.data,
+        np.ascontiguousarray(qs, dtype=np.float64).ctypes.data,
+        size,
+        n,
+        group_below,
+        tight,
+        constants["MARGIN"],
+        absent.ctypes.data,
+        absent.shape[0],
+        constants["SHIFT"],
+        constants["FINE_BITS"] - constants["COARSE_BITS"],
+        *(buffer.ctypes.data for buffer in buffers),
+        item.ctypes.data,
+    )
+    if items < 0:
+        return None
+    p, q, low, high, single, count = (buffer[:items].copy() for buffer in buffers)
+    return p, q, low, high, single.view(bool), count, item
+
+
+def _library():
     global _LIBRARY
     if _LIBRARY is None:
         with _LOCK:
@@ -103,7 +159,7 @@ def _function():
                     _LIBRARY = _probe(_load())
                 except (OSError, RuntimeError, subprocess.SubprocessError) as error:
                     print(
-                        f"specbound: the native race fit is off ({error}); numpy fits the race",
+                        f"specbound: the native theory code is off ({error}); numpy runs instead",
                         file=sys.stderr,
                     )
                     _LIBRARY = False
@@ -131,7 +187,7 @@ def _cache_directory() -> Path:
 
 
 def _load():
-    """Compile the source (once per source, compiler, flags and machine) and load its function."""
+    """Compile the sources (once per source, compiler, flags and machine) and load the library."""
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX)")
@@ -139,19 +195,29 @@ def _load():
     cpu = cpuinfo()
     machine = f"{platform.machine()} {cpu.get('model name', '')} {cpu.get('flags', '')}"
     key = b"\0".join(
-        [SOURCE.read_bytes(), version.stdout.encode(), " ".join(FLAGS).encode(), machine.encode()]
+        [
+            *(source.read_bytes() for source in SOURCES),
+            version.stdout.encode(),
+            " ".join(FLAGS).encode(),
+            machine.encode(),
+        ]
     )
     directory = _cache_directory()
-    library = directory / f"race_fit-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    library = directory / f"theory-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not library.is_file():
         directory.mkdir(parents=True, exist_ok=True)
-        print("specbound: building the native race fit (once per machine, a few seconds)", file=sys.stderr)
+        print(
+            "specbound: building the theory's native code (once per machine, a few seconds)", file=sys.stderr
+        )
         # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
         handle, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
         os.close(handle)
         try:
             built = subprocess.run(
-                [compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=300
+                [compiler, *FLAGS, "-o", partial, *map(str, SOURCES)],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             if built.returncode != 0:
                 raise RuntimeError(f"{compiler} failed: {built.stderr.strip()[-500:]}")
@@ -159,18 +225,56 @@ def _load():
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    function = ctypes.CDLL(str(library)).specbound_race_fit
-    function.restype = ctypes.c_int
-    double, integer, pointer = ctypes.c_double, ctypes.c_int, ctypes.c_void_p
+    loaded = ctypes.CDLL(str(library))
+    double, integer, pointer, wide = ctypes.c_double, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    fit = loaded.specbound_race_fit
+    fit.restype = integer
     # lower, masses, target, units, n; the eight float constants; the two integer ones; the two outputs.
-    function.argtypes = (
-        [double, pointer, pointer, integer, integer] + [double] * 8 + [integer] * 2 + [pointer] * 2
-    )
-    return function
+    fit.argtypes = [double, pointer, pointer, integer, integer] + [double] * 8 + [integer] * 2 + [pointer] * 2
+    buckets = loaded.specbound_bucketed
+    buckets.restype = wide
+    # ps, qs, size, n, group_below, tight, margin, absent, absent count, shift, coarse shift; seven outputs.
+    buckets.argtypes = [
+        pointer,
+        pointer,
+        wide,
+        integer,
+        double,
+        double,
+        double,
+        pointer,
+        wide,
+        integer,
+        integer,
+    ]
+    buckets.argtypes += [pointer] * 7
+    return loaded
 
 
-def _probe(function):
-    """The function, once its marginal matches numpy's at the weights it returns on a fixed class (n = 2, 4)."""
+def _probe(library):
+    """The library, once each function reproduces numpy on a fixed input."""
+    _probe_race_fit(library.specbound_race_fit)
+    _probe_bucketed(library.specbound_bucketed)
+    return library
+
+
+def _probe_bucketed(function):
+    """Items bitwise numpy's on a 4,096-token row whose light tokens are grouped (n = 2, 4)."""
+    from theory import _buckets
+
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.full(4096, 0.5)), rng.dirichlet(np.full(4096, 0.5))
+    for n in (2, 4):
+        native = _bucketed_with(function, p, q, n, 1e-4, 1e-13, None, _buckets.NATIVE_CONSTANTS)
+        expected = _buckets._bucketed(p, q, n, 1e-4, 1e-13)
+        if native is None or not all(
+            np.array_equal(a, b) for a, b in zip(native, _buckets.item_arrays(expected), strict=True)
+        ):
+            raise RuntimeError("its probe buckets disagree with numpy's")
+
+
+def _probe_race_fit(function):
+    """Its marginal matches numpy's at the weights it returns on a fixed class (n = 2, 4)."""
     from theory import _race
 
     rng = np.random.default_rng(0)
@@ -185,4 +289,3 @@ def _probe(function):
         expected = _race.race_marginal(0.3, masses, fitted[0], n)
         if not np.allclose(fitted[1], expected, rtol=1e-12, atol=0.0):
             raise RuntimeError("its probe marginal disagrees with numpy's")
-    return function

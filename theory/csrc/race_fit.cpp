@@ -286,7 +286,7 @@ extern "C" int specbound_race_fit(double lower, const double* masses, const doub
                                   double max_step, double tolerance, int max_iterations, int max_halvings,
                                   double* out_log_weights, double* out_r) {
     const int U = units;
-    Race race{lower, masses, U, n, {step, low, high, tail_low, wide, floor, max_step, tolerance, max_iterations, max_halvings}, {}, {}, {}, {}, {}, {}, {}};
+    Race race{lower, masses, U, n, {step, low, high, tail_low, wide, floor, max_step, tolerance, max_iterations, max_halvings}, {}, {}, {}, {}, {}, {}, {}, {}};
     const Constants& c = race.c;
     // singleton_bounds: the range (l_u, h_u) of r_u, the heaviest unit's complement summed directly.
     double total = pairwise(masses, U);
