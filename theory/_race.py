@@ -340,16 +340,17 @@ def fit_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n: int
     fitted = _native.race_fit(lower, masses, target, n, NATIVE_CONSTANTS)
     if fitted is not None:
         return fitted
-    return newton_fit(
-        evaluate,
-        potential,
-        target,
-        np.log(target / masses),
-        singleton_bounds(lower, masses, n),
-        tolerance=TOLERANCE,
-        max_iterations=MAX_ITERATIONS,
-        max_halvings=MAX_HALVINGS,
-    )
+    with single_threaded_blas():  # held already by a numpy build; taken here when a native one falls back
+        return newton_fit(
+            evaluate,
+            potential,
+            target,
+            np.log(target / masses),
+            singleton_bounds(lower, masses, n),
+            tolerance=TOLERANCE,
+            max_iterations=MAX_ITERATIONS,
+            max_halvings=MAX_HALVINGS,
+        )
 
 
 def newton_fit(
