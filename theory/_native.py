@@ -39,7 +39,10 @@ __all__ = ["available", "bucketed", "cpuinfo", "enabled", "race_fit"]
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("race_fit.cpp", "buckets.cpp"))
 #: No ``-ffast-math``: the marginal must be the exact one of the weights returned, to IEEE round-off.
+#: ``-march=native`` (the Hessian's products in AVX-512 where the CPU has it): the cache key holds the CPU's flags.
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+#: Where the compiler refuses ``-march=native``.
+PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native")
 
 _ENABLED = os.environ.get("SPECBOUND_NATIVE", "1") != "0"
 _LIBRARY = None  # the loaded library; False where it is not offered (tried once)
@@ -187,45 +190,52 @@ def _cache_directory() -> Path:
 
 
 def _load():
-    """Compile the sources (once per source, compiler, flags and machine) and load the library."""
+    """Compile the sources (once per source, compiler, flags and machine) and load the library.
+
+    With :data:`FLAGS` first; where the compiler refuses them (``-march=native`` is not universal), once more
+    with :data:`PORTABLE_FLAGS`, saying so."""
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    try:
+        library = _built(compiler, version.stdout, FLAGS)
+    except RuntimeError as error:
+        library = _built(compiler, version.stdout, PORTABLE_FLAGS)
+        print(f"specbound: built the theory's native code without -march=native ({error})", file=sys.stderr)
+    return _declared(ctypes.CDLL(str(library)))
+
+
+def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
+    """The cached library for these flags, compiled first if it is not there (written whole or not at all)."""
     cpu = cpuinfo()
     machine = f"{platform.machine()} {cpu.get('model name', '')} {cpu.get('flags', '')}"
-    key = b"\0".join(
-        [
-            *(source.read_bytes() for source in SOURCES),
-            version.stdout.encode(),
-            " ".join(FLAGS).encode(),
-            machine.encode(),
-        ]
-    )
+    parts = [*(source.read_bytes() for source in SOURCES), version.encode(), " ".join(flags).encode()]
+    key = b"\0".join([*parts, machine.encode()])
     directory = _cache_directory()
     library = directory / f"theory-{hashlib.sha256(key).hexdigest()[:16]}.so"
-    if not library.is_file():
-        directory.mkdir(parents=True, exist_ok=True)
-        print(
-            "specbound: building the theory's native code (once per machine, a few seconds)", file=sys.stderr
+    if library.is_file():
+        return library
+    directory.mkdir(parents=True, exist_ok=True)
+    print("specbound: building the theory's native code (once per machine, a few seconds)", file=sys.stderr)
+    # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
+    handle, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
+    os.close(handle)
+    try:
+        built = subprocess.run(
+            [compiler, *flags, "-o", partial, *map(str, SOURCES)], capture_output=True, text=True, timeout=300
         )
-        # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
-        handle, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
-        os.close(handle)
-        try:
-            built = subprocess.run(
-                [compiler, *FLAGS, "-o", partial, *map(str, SOURCES)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            if built.returncode != 0:
-                raise RuntimeError(f"{compiler} failed: {built.stderr.strip()[-500:]}")
-            os.replace(partial, library)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    loaded = ctypes.CDLL(str(library))
+        if built.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {built.stderr.strip()[-500:]}")
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return library
+
+
+def _declared(loaded):
+    """The loaded library with its two functions' C signatures declared."""
     double, integer, pointer, wide = ctypes.c_double, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
     fit = loaded.specbound_race_fit
     fit.restype = integer

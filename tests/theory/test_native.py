@@ -234,3 +234,15 @@ def test_the_library_is_built_once_whole_and_reused(monkeypatch, tmp_path, capsy
     monkeypatch.setattr(native, "_LIBRARY", None)
     assert native.available()
     assert built[0].stat().st_mtime_ns == stamp and capsys.readouterr().err == ""
+
+
+def test_a_compiler_refusing_native_flags_gets_the_portable_build(monkeypatch, tmp_path, capsys):
+    """A first build that fails (here: an unknown flag in place of -march=native) is retried without it, says so,
+    and the library it leaves passes the probes."""
+    require_native_fit()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "_LIBRARY", None)
+    monkeypatch.setattr(native, "FLAGS", (*native.PORTABLE_FLAGS, "-fno-such-flag-for-specbound"))
+    assert native.available()
+    assert "without -march=native" in capsys.readouterr().err
+    assert len(list((tmp_path / "specbound" / "native").glob("*.so"))) == 1
