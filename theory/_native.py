@@ -51,7 +51,7 @@ _LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def enabled(flag: bool):
-    """Context in which the native fit is on (``True``) or off; the previous setting is restored on exit."""
+    """Context in which the native code is on (``True``) or off; the previous setting is restored on exit."""
     global _ENABLED
     previous, _ENABLED = _ENABLED, bool(flag)
     try:
@@ -132,9 +132,11 @@ def _bucketed_with(function, ps, qs, n, group_below, tight, absent, constants):
         _OUTPUTS.buffers = buffers
     item = np.empty(size, dtype=np.int64)
     absent = np.zeros(0, dtype=np.int64) if absent is None else np.ascontiguousarray(absent, dtype=np.int64)
+    # Named, so that a contiguous copy lives until the call returns (a pointer alone does not keep it).
+    ps, qs = np.ascontiguousarray(ps, dtype=np.float64), np.ascontiguousarray(qs, dtype=np.float64)
     items = function(
-        np.ascontiguousarray(ps, dtype=np.float64).ctypes.data,
-        np.ascontiguousarray(qs, dtype=np.float64).ctypes.data,
+        ps.ctypes.data,
+        qs.ctypes.data,
         size,
         n,
         group_below,
@@ -244,19 +246,7 @@ def _declared(loaded):
     buckets = loaded.specbound_bucketed
     buckets.restype = wide
     # ps, qs, size, n, group_below, tight, margin, absent, absent count, shift, coarse shift; seven outputs.
-    buckets.argtypes = [
-        pointer,
-        pointer,
-        wide,
-        integer,
-        double,
-        double,
-        double,
-        pointer,
-        wide,
-        integer,
-        integer,
-    ]
+    buckets.argtypes = [pointer, pointer, wide, integer] + [double] * 3 + [pointer, wide, integer, integer]
     buckets.argtypes += [pointer] * 7
     return loaded
 
