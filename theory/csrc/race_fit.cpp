@@ -4,7 +4,7 @@
 // the race marginal and its Jacobian (~20 array operations on 3,500 numbers) costs ~100 us, almost all of it the
 // per-call cost of numpy; the Newton loop around it (a 35 x 35 solve, clips, norms) as much again. Here the same
 // arithmetic runs in one call. The Python module is the specification and the oracle (tests/theory/
-// test_race_native.py): every formula below is the one of the function it names there, and the marginal returned
+// test_native.py): every formula below is the one of the function it names there, and the marginal returned
 // is the one evaluated at the returned log-weights, which is all losslessness needs. Plain C ABI (ctypes), no
 // fast-math: IEEE double throughout, so sums differ from numpy's by round-off only.
 //
