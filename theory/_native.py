@@ -1,6 +1,6 @@
 """The theory's hot loops in C++ (``theory/csrc``), built on first use with the machine's C++ compiler.
 
-Two functions, each the twin of a numpy function that stays its specification and the oracle of its tests
+Three functions, each the twin of a numpy function that stays its specification and the oracle of its tests
 (``tests/theory/test_native.py``):
 
 * :func:`race_fit` -- :func:`theory._race.fit_log_weights`. A class of the optimal verifier's build has a few
@@ -10,6 +10,9 @@ Two functions, each the twin of a numpy function that stays its specification an
   singular Newton system, log-weights wider than the clocks' direct form) goes back to numpy.
 * :func:`bucketed` -- :func:`theory._buckets.bucketed`: ~70 numpy calls, most on a few hundred buckets, and
   eight passes over the vocabulary, as single loops; the items are bitwise numpy's.
+* :func:`class_units` -- :func:`theory.optimal_verifier._class_units`: the units of a large class and their
+  targets (~30 numpy calls). The partition is numpy's but where numpy's SIMD ``log`` or an unstable sort moves a
+  unit boundary by an item (6 of 1,019 classes of logged pairs); exactness never depends on the units.
 
 The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, a few seconds) into
 ``$XDG_CACHE_HOME/specbound/native/`` and loaded with :mod:`ctypes`, so ``theory`` needs neither torch nor a
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import importlib
 import os
 import platform
 import shutil
@@ -35,9 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "bucketed", "cpuinfo", "enabled", "race_fit"]
+__all__ = ["available", "bucketed", "class_units", "cpuinfo", "enabled", "race_fit"]
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("race_fit.cpp", "buckets.cpp"))
+_CSRC = Path(__file__).with_name("csrc")
+SOURCES = tuple(_CSRC / name for name in ("race_fit.cpp", "buckets.cpp", "units.cpp"))
+HEADERS = (_CSRC / "numerics.h",)
 #: No ``-ffast-math``: the marginal must be the exact one of the weights returned, to IEEE round-off.
 #: ``-march=native`` (the Hessian's products in AVX-512 where the CPU has it): the cache key holds the CPU's flags.
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
@@ -155,6 +161,41 @@ def _bucketed_with(function, ps, qs, n, group_below, tight, absent, constants):
     return p, q, low, high, single.view(bool), count, item
 
 
+def class_units(
+    capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int, constants
+):
+    """``(labels, unit_q, unit_target)`` of :func:`theory.optimal_verifier._class_units` for a large class, or
+    ``None`` where the numpy functions must run. ``constants``: ``OWN_UNIT_MASS``, ``MAX_OWN_UNITS``, ``TIGHT``."""
+    library = _library() if _ENABLED else None
+    if library is None:
+        return None
+    return _class_units_with(
+        library.specbound_class_units, capped, qs, ratio, slack, mass, above, lower, n, bins, constants
+    )
+
+
+def _class_units_with(function, capped, qs, ratio, slack, mass, above, lower, n, bins, constants):
+    inputs = [np.ascontiguousarray(array, dtype=np.float64) for array in (capped, qs, ratio, slack)]
+    size = inputs[0].shape[0]
+    labels, unit_q, unit_target = np.empty(size, np.int64), np.empty(size), np.empty(size)
+    units = function(
+        *(array.ctypes.data for array in inputs),
+        size,
+        mass,
+        int(above),
+        lower,
+        n,
+        bins,
+        constants["OWN_UNIT_MASS"],
+        constants["MAX_OWN_UNITS"],
+        constants["TIGHT"],
+        labels.ctypes.data,
+        unit_q.ctypes.data,
+        unit_target.ctypes.data,
+    )
+    return None if units < 0 else (labels, unit_q[:units], unit_target[:units])
+
+
 def _library():
     global _LIBRARY
     if _LIBRARY is None:
@@ -212,7 +253,7 @@ def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
     """The cached library for these flags, compiled first if it is not there (written whole or not at all)."""
     cpu = cpuinfo()
     machine = f"{platform.machine()} {cpu.get('model name', '')} {cpu.get('flags', '')}"
-    parts = [*(source.read_bytes() for source in SOURCES), version.encode(), " ".join(flags).encode()]
+    parts = [*(path.read_bytes() for path in SOURCES + HEADERS), version.encode(), " ".join(flags).encode()]
     key = b"\0".join([*parts, machine.encode()])
     directory = _cache_directory()
     library = directory / f"theory-{hashlib.sha256(key).hexdigest()[:16]}.so"
@@ -248,6 +289,11 @@ def _declared(loaded):
     # ps, qs, size, n, group_below, tight, margin, absent, absent count, shift, coarse shift; seven outputs.
     buckets.argtypes = [pointer, pointer, wide, integer] + [double] * 3 + [pointer, wide, integer, integer]
     buckets.argtypes += [pointer] * 7
+    units = loaded.specbound_class_units
+    units.restype = wide
+    # capped, qs, ratio, slack, size, mass, above, lower, n, bins, own unit mass, max own units, tight; 3 outputs.
+    units.argtypes = [pointer] * 4 + [wide, double, integer, double, integer, integer, double, wide, double]
+    units.argtypes += [pointer] * 3
     return loaded
 
 
@@ -255,7 +301,43 @@ def _probe(library):
     """The library, once each function reproduces numpy on a fixed input."""
     _probe_race_fit(library.specbound_race_fit)
     _probe_bucketed(library.specbound_bucketed)
+    _probe_class_units(library.specbound_class_units)
     return library
+
+
+def _probe_class_units(function):
+    """On a fixed class of 2,000 items (above and below the minimiser): unit masses that are the sums of their
+    items' (what exactness needs), and numpy's partition on at least 99% of the items (not all: numpy's SIMD
+    ``log`` and unstable sorts may move a unit boundary by an item)."""
+    builder = importlib.import_module(
+        "theory.optimal_verifier"
+    )  # the module (the package exports a function)
+    rng = np.random.default_rng(1)
+    qs, ps = rng.dirichlet(np.full(2000, 0.5)) * 0.4, rng.dirichlet(np.full(2000, 0.5)) * 0.5
+    ratio = ps / qs
+    slack = 10.0 ** rng.uniform(-13.0, -3.0, 2000)
+    for above, mass in ((True, 0.3), (False, 0.45)):
+        capped = np.minimum(ps, 2.0 * qs) if above else np.maximum(ps, 0.5 * qs)
+        args = (capped, qs, ratio, slack, mass, above, 0.1, 3, 96)
+        native = _class_units_with(function, *args, builder.UNIT_CONSTANTS)
+        expected = builder._class_units(*args)
+        if native is None or not _same_units(native, expected, qs):
+            raise RuntimeError("its probe units disagree with numpy's")
+
+
+def _same_units(native, expected, qs) -> bool:
+    """Unit masses are the sums of their items' q, and the partition is numpy's on >= 99% of the items."""
+    labels, unit_q, _ = native
+    if labels.min() < 0 or labels.max() >= unit_q.shape[0]:
+        return False
+    if not np.allclose(
+        unit_q, np.bincount(labels, weights=qs, minlength=unit_q.shape[0]), rtol=1e-12, atol=0
+    ):
+        return False
+    # Each native unit's items, mapped to the numpy unit most of them are in.
+    joint = np.zeros((unit_q.shape[0], expected[1].shape[0]), dtype=np.int64)
+    np.add.at(joint, (labels, expected[0]), 1)
+    return joint.max(axis=1).sum() >= 0.99 * labels.shape[0]
 
 
 def _probe_bucketed(function):

@@ -495,21 +495,10 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
         unit_target = _item_targets(capped, ratio, qs, mass, above)
         labels, unit_q = np.arange(size), qs
     else:
-        labels = _units(capped, qs, slack, bins)
-        for attempt in range(4):
-            labels, unit_q, unit_target = _unit_targets(labels, qs, ratio, capped, mass, above)
-            if attempt == 3:
-                break
-            # Targets that leave the race polytope on a chain of units sorted by target/Q (units straddling a
-            # nearly tight prefix: r(T) >= (x + Q(T))^n - x^n above, r(T) <= mass - ((x + Q(C \ T))^n - x^n)
-            # below) are repaired by splitting every unit of several items up to the last violated prefix.
-            wrong = _chain_violations(unit_q, unit_target, lower, mass, n, above)
-            wrong &= np.bincount(labels, minlength=unit_q.shape[0]) > 1
-            if not wrong.any():
-                break
-            split = wrong[labels]
-            labels = np.where(split, labels.max() + 1 + np.arange(size), labels)
-            labels = _compact(labels)
+        made = _native.class_units(capped, qs, ratio, slack, mass, above, lower, n, bins, UNIT_CONSTANTS)
+        if made is None:
+            made = _class_units(capped, qs, ratio, slack, mass, above, lower, n, bins)
+        labels, unit_q, unit_target = made
         labels, unit_q, unit_target = _cap_units(labels, qs, unit_q, unit_target, MAX_UNITS)
     # Positive targets summing to the class mass, so that the weights stay finite.
     unit_target = np.maximum(unit_target, 1e-300)
@@ -517,6 +506,31 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
     log_weights, unit_r = fit_log_weights(lower, unit_q, unit_target, n)
     unit_r *= mass / unit_r.sum()  # the exact marginal sums to mass; removes the common-mode quadrature error
     return qs * (unit_r / unit_q)[labels], log_weights[labels]
+
+
+#: The constants :func:`_class_units` hands to its native twin (:mod:`theory._native`).
+UNIT_CONSTANTS = {"OWN_UNIT_MASS": OWN_UNIT_MASS, "MAX_OWN_UNITS": MAX_OWN_UNITS, "TIGHT": TIGHT}
+
+
+def _class_units(capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int):
+    """Labels, unit masses and unit targets of a large class before the cap (:func:`_fit_class`); the
+    specification of the native twin (``theory/csrc/units.cpp``)."""
+    labels = _units(capped, qs, slack, bins)
+    for attempt in range(4):
+        labels, unit_q, unit_target = _unit_targets(labels, qs, ratio, capped, mass, above)
+        if attempt == 3:
+            break
+        # Targets that leave the race polytope on a chain of units sorted by target/Q (units straddling a
+        # nearly tight prefix: r(T) >= (x + Q(T))^n - x^n above, r(T) <= mass - ((x + Q(C \ T))^n - x^n)
+        # below) are repaired by splitting every unit of several items up to the last violated prefix.
+        wrong = _chain_violations(unit_q, unit_target, lower, mass, n, above)
+        wrong &= np.bincount(labels, minlength=unit_q.shape[0]) > 1
+        if not wrong.any():
+            break
+        split = wrong[labels]
+        labels = np.where(split, labels.max() + 1 + np.arange(qs.shape[0]), labels)
+        labels = _compact(labels)
+    return labels, unit_q, unit_target
 
 
 def _fill_view(items, a: int, b: int, mass: float):
