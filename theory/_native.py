@@ -257,8 +257,11 @@ def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
     key = b"\0".join([*parts, machine.encode()])
     directory = _cache_directory()
     library = directory / f"theory-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    refused = library.with_suffix(".refused")  # this compiler refused these flags once: not asked again
     if library.is_file():
         return library
+    if refused.is_file():
+        raise RuntimeError(refused.read_text().strip())
     directory.mkdir(parents=True, exist_ok=True)
     print("specbound: building the theory's native code (once per machine, a few seconds)", file=sys.stderr)
     # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
@@ -269,7 +272,9 @@ def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
             [compiler, *flags, "-o", partial, *map(str, SOURCES)], capture_output=True, text=True, timeout=300
         )
         if built.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {built.stderr.strip()[-500:]}")
+            reason = f"{compiler} failed: {built.stderr.strip()[-500:]}"
+            refused.write_text(reason + "\n")
+            raise RuntimeError(reason)
         os.replace(partial, library)
     finally:
         if os.path.exists(partial):
