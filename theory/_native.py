@@ -14,7 +14,7 @@ Three functions, each the twin of a numpy function that stays its specification 
   targets (~30 numpy calls). The partition is numpy's but where numpy's SIMD ``log`` or an unstable sort moves a
   unit boundary by an item (6 of 1,019 classes of logged pairs); exactness never depends on the units.
 
-The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, a few seconds) into
+The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, ~10 s) into
 ``$XDG_CACHE_HOME/specbound/native/`` and loaded with :mod:`ctypes`, so ``theory`` needs neither torch nor a
 build step at install. Before first use it must reproduce numpy on a probe of each function; where there is no
 compiler, the build fails or a probe disagrees, one line on stderr says so and numpy runs.
@@ -263,7 +263,7 @@ def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
     if refused.is_file():
         raise RuntimeError(refused.read_text().strip())
     directory.mkdir(parents=True, exist_ok=True)
-    print("specbound: building the theory's native code (once per machine, a few seconds)", file=sys.stderr)
+    print("specbound: building the theory's native code (once per machine, ~10 s)", file=sys.stderr)
     # Built under a temporary name and renamed: a concurrent process never loads a half-written file.
     handle, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
     os.close(handle)
