@@ -68,7 +68,12 @@ def enabled(flag: bool):
 
 def available() -> bool:
     """Whether the native functions run here (switched on, built and probed; tried once)."""
-    return _ENABLED and _library() is not None
+    return _active() is not None
+
+
+def _active():
+    """The library where the native code is switched on and offered, else ``None``."""
+    return _library() if _ENABLED else None
 
 
 def race_fit(lower: float, masses: np.ndarray, target: np.ndarray, n: int, constants: dict):
@@ -77,7 +82,7 @@ def race_fit(lower: float, masses: np.ndarray, target: np.ndarray, n: int, const
     Arguments as :func:`theory._race.fit_log_weights` (at least two units); ``constants`` holds the fit's
     constants by their names in :mod:`theory._race` (one source for both implementations).
     """
-    library = _library() if _ENABLED else None
+    library = _active()
     return (
         None
         if library is None
@@ -114,12 +119,10 @@ def _fit_with(function, lower, masses, target, n, constants):
 def bucketed(ps, qs, n: int, group_below: float, tight: float, absent, constants: dict):
     """The arrays of :func:`theory._buckets.bucketed`'s items ``(p, q, low, high, single, count, item)``, or
     ``None`` where the numpy function must run. ``constants``: its module constants by name."""
-    library = _library() if _ENABLED else None
-    return (
-        None
-        if library is None
-        else _bucketed_with(library.specbound_bucketed, ps, qs, n, group_below, tight, absent, constants)
-    )
+    library = _active()
+    if library is None:
+        return None
+    return _bucketed_with(library.specbound_bucketed, ps, qs, n, group_below, tight, absent, constants)
 
 
 _OUTPUTS = threading.local()
@@ -165,8 +168,8 @@ def class_units(
     capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int, constants
 ):
     """``(labels, unit_q, unit_target)`` of :func:`theory.optimal_verifier._class_units` for a large class, or
-    ``None`` where the numpy functions must run. ``constants``: ``OWN_UNIT_MASS``, ``MAX_OWN_UNITS``, ``TIGHT``."""
-    library = _library() if _ENABLED else None
+    ``None`` where the native code is off. ``constants``: ``OWN_UNIT_MASS``, ``MAX_OWN_UNITS``, ``TIGHT``."""
+    library = _active()
     if library is None:
         return None
     return _class_units_with(
@@ -193,7 +196,7 @@ def _class_units_with(function, capped, qs, ratio, slack, mass, above, lower, n,
         unit_q.ctypes.data,
         unit_target.ctypes.data,
     )
-    return None if units < 0 else (labels, unit_q[:units], unit_target[:units])
+    return labels, unit_q[:units], unit_target[:units]
 
 
 def _library():
@@ -326,7 +329,7 @@ def _probe_class_units(function):
         args = (capped, qs, ratio, slack, mass, above, 0.1, 3, 96)
         native = _class_units_with(function, *args, builder.UNIT_CONSTANTS)
         expected = builder._class_units(*args)
-        if native is None or not _same_units(native, expected, qs):
+        if not _same_units(native, expected, qs):
             raise RuntimeError("its probe units disagree with numpy's")
 
 

@@ -196,24 +196,15 @@ extern "C" int64_t specbound_bucketed(const double* ps, const double* qs, int64_
         slot_low[s] = edge(used[s], shift);
         slot_high[s] = edge(used[s] + (coarse_slot[s] ? split_width : 1), shift);
     }
-    // Split tokens' masses by fine slot, in token order (a bincount over the unique fine keys).
+    // Split tokens' masses by fine slot, in token order (a bincount over the unique fine keys): a fine slot's
+    // sums start at the 0 set above.
     std::vector<int64_t> split_slot(split.size());
-    {
-        std::vector<double> fine_p(slots, 0.0), fine_q(slots, 0.0);
-        std::vector<char> is_fine(slots, 0);
-        for (int64_t key : fine_slots) is_fine[std::lower_bound(used.begin(), used.end(), key) - used.begin()] = 1;
-        for (std::size_t j = 0; j < split.size(); ++j) {
-            int64_t s = std::lower_bound(used.begin(), used.end(), fine[split[j]]) - used.begin();
-            split_slot[j] = s;
-            fine_p[s] += ps[split[j]];
-            fine_q[s] += qs[split[j]];
-        }
-        for (std::size_t s = 0; s < slots; ++s)
-            if (is_fine[s]) {
-                group_p[s] = fine_p[s];
-                group_q[s] = fine_q[s];
-            }
-        for (int64_t s : split_slot) ++light_count[s];
+    for (std::size_t j = 0; j < split.size(); ++j) {
+        int64_t s = std::lower_bound(used.begin(), used.end(), fine[split[j]]) - used.begin();
+        split_slot[j] = s;
+        group_p[s] += ps[split[j]];
+        group_q[s] += qs[split[j]];
+        ++light_count[s];
     }
     std::vector<double> slot_p(group_p), slot_q(group_q);
     std::vector<int64_t> heavy_slot(heavy.size());

@@ -127,9 +127,9 @@ struct Race {
                 for (int k = 0; k < K; ++k) {
                     const double* sk = &scaled[static_cast<std::size_t>(k) * stride];
                     const double* wk = &weighted_scaled[static_cast<std::size_t>(k) * stride];
-                    Eight row;
-                    std::memcpy(&row, sk + v0, sizeof row);
-                    for (int i = 0; i < 4; ++i) sum[i] += wk[u0 + i] * row;
+                    Eight block;  // columns v0 .. v0 + 7 of node k
+                    std::memcpy(&block, sk + v0, sizeof block);
+                    for (int i = 0; i < 4; ++i) sum[i] += wk[u0 + i] * block;
                 }
                 for (int u = u0; u < std::min(U, u0 + 4); ++u)
                     for (int v = std::max(u, v0); v < std::min(U, v0 + 8); ++v) {

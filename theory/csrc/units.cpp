@@ -7,7 +7,7 @@
 // (numpy's default sort is not stable): a unit boundary moves by a token. Exactness never depends on the units
 // (each token gets r = q * r_u / Q_u of the race its unit is in); the tests compare the builds' acceptance.
 //
-// Returns the number of units, or -1 where the numpy functions must run instead.
+// Returns the number of units.
 
 #include <algorithm>
 #include <cmath>
