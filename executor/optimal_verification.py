@@ -25,12 +25,11 @@ so the same token (tested seed by seed against it), at ~0.2 ms instead of ~0.6.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 
 from executor.sampling import _draw
+from theory._buckets import scratch
 from theory.optimal_verifier import optimal_tables
 
 __all__ = ["build_tables", "verify_optimal"]
@@ -137,8 +136,9 @@ def _verify_one_row_on_host(p, drafts, generator, tables, accepts) -> torch.Tens
     The same steps on the same numbers with the generator's uniforms drawn in the same order (selection, coin,
     residual), so the output is the torch path's: a decoding step verifies one row, and the torch path's ~20
     calls on tensors of ``n`` entries cost ~0.5 ms, as much as the rest of an RRS step's verification. The
-    residual and its cumulative sum are formed in two vocabulary-sized buffers kept per thread (a fresh
-    400 kB array costs ~100 page faults on first touch, more than the arithmetic).
+    residual and its cumulative sum are formed in the build's two vocabulary-sized buffers kept per thread
+    (:func:`theory._buckets.scratch`: a fresh 400 kB array costs ~100 page faults on first touch, more than the
+    arithmetic).
     """
     item, item_class, item_log_weight, marginal = (
         tables[key].numpy().reshape(-1) for key in ("item", "item_class", "item_log_weight", "marginal")
@@ -156,7 +156,7 @@ def _verify_one_row_on_host(p, drafts, generator, tables, accepts) -> torch.Tens
         return torch.tensor(selected, dtype=torch.int64).reshape(drafts.shape[:-1])
     given = tables.get("residual")
     target_row = target_row.numpy()
-    residual, cdf = _buffers(marginal.shape[0])
+    residual, cdf = scratch(marginal.shape[0])  # the build's per-thread temporaries; no table is one of them
     if given is not None:
         np.cumsum(given.numpy().reshape(-1), out=cdf)
     else:
@@ -173,15 +173,3 @@ def _host_draw(cdf: np.ndarray, generator: torch.Generator) -> int:
     total = cdf[-1]
     uniform = float(torch.rand((), dtype=torch.float64, generator=generator))
     return int(np.searchsorted(cdf, min(uniform * total, np.nextafter(total, 0.0)), side="right"))
-
-
-_HOST = threading.local()
-
-
-def _buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two float64 ``(size,)`` arrays of this thread, reused by every step (contents undefined)."""
-    buffers = getattr(_HOST, "buffers", None)
-    if buffers is None or buffers[0].shape[0] < size:
-        buffers = (np.empty(size), np.empty(size))
-        _HOST.buffers = buffers
-    return buffers[0][:size], buffers[1][:size]

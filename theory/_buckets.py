@@ -71,7 +71,7 @@ _WORKSPACE = threading.local()
 
 def scratch(size: int) -> tuple[np.ndarray, np.ndarray]:
     """Two reusable ``(size,)`` float64 arrays of this thread (contents undefined), for vocabulary-sized
-    temporaries that never leave a build.
+    temporaries that never leave a build (or, after it, the executor's verification step on one row).
 
     A fresh 400 kB array is handed out by ``mmap`` or a freshly trimmed heap and costs ~100 page faults on
     first touch (measured 0.5--1.3 ms of system time per V = 49152 build); arrays kept from one build to the
