@@ -10,7 +10,7 @@ import pytest
 from theory import _native
 
 
-def require_native_fit() -> None:
+def require_native_code() -> None:
     """Skip (visibly) on a machine without a C++ compiler; fail where one exists but the native code is off."""
     if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler on this machine: the theory's native code is not offered")

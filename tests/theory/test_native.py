@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.native import require_native_fit
+from tests.native import require_native_code
 from theory._class_units import TIGHT
 from theory.optimal_verifier import optimal_tables
 
@@ -53,7 +53,7 @@ def _scale(lower, masses, n):
 
 
 def _native_fit(lower, masses, target, n):
-    require_native_fit()
+    require_native_code()
     with native.enabled(True):
         fitted = native.race_fit(lower, masses, target, n, race.NATIVE_CONSTANTS)
     assert fitted is not None, "the native fit handed a plain class back to numpy"
@@ -75,7 +75,7 @@ def test_native_fit_gets_as_close_to_the_target_as_numpys():
     dozens of iterations on a tiny unit and one of them escapes before the 60-iteration cap and the other does
     not (round-off decides which: 3 and 2 of 3,000 such classes, each way). Threshold: at most 1% of classes
     where one is more than twice as far as the other and above 10 tolerances, either way."""
-    require_native_fit()
+    require_native_code()
     rng = np.random.default_rng(20261129)
     worse = {"native": 0, "numpy": 0}
     for _ in range(600):
@@ -115,7 +115,7 @@ def lm_like_rows(seed: int, count: int, vocab: int = 8192, zero_share: float = 0
 
 
 def _tables_both_ways(p, q, n):
-    require_native_fit()
+    require_native_code()
     with native.enabled(True):
         fast = optimal_tables(p, q, n, item_fit=False)
     with native.enabled(False):
@@ -142,7 +142,7 @@ def test_builds_agree_between_native_and_numpy_on_logged_and_lm_like_pairs():
 def test_native_buckets_are_numpys_bitwise(seed, n, group_below):
     """Every array of the items, on LM-like rows of 500-6,000 tokens, with and without absent tokens (q = 0,
     passed whole with their indices, as a row with a nearly full draft support is)."""
-    require_native_fit()
+    require_native_code()
     rng = np.random.default_rng(seed)
     vocab = int(rng.integers(500, 6000))
     p, q = next(lm_like_rows(seed, 1, vocab, zero_share=float(rng.choice([0.0, 0.05, 0.4]))))
@@ -161,7 +161,7 @@ def test_native_buckets_are_numpys_bitwise(seed, n, group_below):
 
 
 def test_switched_off_or_on_the_fit_takes_the_implementation_asked(monkeypatch):
-    require_native_fit()
+    require_native_code()
     calls = []
     newton = race.newton_fit
     monkeypatch.setattr(
@@ -179,7 +179,7 @@ def test_switched_off_or_on_the_fit_takes_the_implementation_asked(monkeypatch):
 
 def test_a_library_whose_marginal_disagrees_is_refused():
     """Negative control of the probe: the real function with its marginal moved by 1e-9 relative."""
-    require_native_fit()
+    require_native_code()
     function = native._library().specbound_race_fit
 
     def off(*args):
@@ -196,7 +196,7 @@ def test_a_library_whose_marginal_disagrees_is_refused():
 
 def test_a_library_whose_buckets_disagree_is_refused():
     """Negative control of the buckets' probe: the real function with one item's q moved by one ulp."""
-    require_native_fit()
+    require_native_code()
     function = native._library().specbound_bucketed
 
     def off(*args):
@@ -229,7 +229,7 @@ def test_the_library_is_built_once_whole_and_reused_and_portably_where_native_fl
     so; the library it leaves is the only library in the cache (no partial file), passes the probes, and is
     loaded again without a rebuild or a second try of the refused flags. (One compilation: each takes ~10 s, and
     every test run compiles once anyway.)"""
-    require_native_fit()
+    require_native_code()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(native, "_LIBRARY", None)
     monkeypatch.setattr(native, "FLAGS", (*native.PORTABLE_FLAGS, "-fno-such-flag-for-specbound"))
@@ -262,7 +262,7 @@ def test_native_units_are_numpys_partition_with_its_masses_and_targets(monkeypat
     SIMD log or unstable sort moves a boundary), with the same unit masses (1e-12) and targets (1e-9) up to the
     units' numbering; in every class, unit masses that are their items' sums and numpy's partition on >= 99%
     of the items."""
-    require_native_fit()
+    require_native_code()
     builder, calls = _recorded_class_units(
         monkeypatch, list(lm_like_rows(3, 4)) + list(lm_like_rows(4, 2, zero_share=0.3))
     )
@@ -285,7 +285,7 @@ def test_native_units_are_numpys_partition_with_its_masses_and_targets(monkeypat
 def test_a_library_whose_units_disagree_is_refused():
     """Negative control of the units' probe: the real function with one unit's mass moved by 1e-9 relative
     (a unit mass that is not its items' sum would make the marginal wrong)."""
-    require_native_fit()
+    require_native_code()
     function = native._library().specbound_class_units
 
     def off(*args):

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.goodness_of_fit import law_p_value
-from tests.native import require_native_fit
+from tests.native import require_native_code
 from theory import _native, check_lossless, optimal_acceptance, optimal_verifier, strategies
 from theory.draft_laws import enumerate_drafts
 
@@ -139,7 +139,7 @@ def brute_force_optimum(p, q, n):
 def _built(p, q, n, native_fit):
     """The verifier, its classes fitted natively (the default) or by numpy."""
     if native_fit:
-        require_native_fit()
+        require_native_code()
     with _native.enabled(native_fit):
         return optimal_verifier(p, q, n)
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.native import require_native_fit
+from tests.native import require_native_code
 
 race = importlib.import_module("theory._race")
 native = importlib.import_module("theory._native")
@@ -27,7 +27,7 @@ BOTH_FITS = pytest.mark.parametrize("native_fit", [False, True], ids=["numpy-fit
 
 def _fit(native_fit, lower, masses, target, n):
     if native_fit:
-        require_native_fit()
+        require_native_code()
     with native.enabled(native_fit):
         return race.fit_log_weights(lower, masses, target, n)
 
