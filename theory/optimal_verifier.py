@@ -68,7 +68,7 @@ from theory._class_units import (
 )
 from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory._token_race import fit_item_log_weights
-from theory.checks import as_count, as_distribution_pair
+from theory.checks import as_count, distribution_pair_with_sums
 from theory.verifiers import Verifier
 
 __all__ = ["OptimalVerifier", "RuntimeOptimalVerifier", "optimal_tables", "optimal_verifier"]
@@ -313,11 +313,11 @@ def optimal_verifier(
     >>> bool(abs(v.acceptance - v.alpha_star) < 1e-12), round(float(v.acceptance), 6)
     (True, 0.86)
     """
-    p, q = as_distribution_pair(p, q)
+    p, q, p_sums, q_sums = distribution_pair_with_sums(p, q)
     n = as_count(n, "n")
     # Rows off 1 by more than 1e-13 (within the 1e-6 validation tolerance) renormalised, as optimal_tables does:
     # the same rows give bitwise the same tables on both paths, and the usual rows are not copied.
-    p, q = _renormalised(p), _renormalised(q)
+    p, q = _renormalised(p, p_sums), _renormalised(q, q_sums)
     batch_shape = p.shape[:-1]
     flat_p, flat_q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
     if group_below is None:
@@ -357,10 +357,10 @@ def optimal_tables(
         return _build_row(p, q, n, float(group_below), bool(item_fit))
 
 
-def _renormalised(x: np.ndarray) -> np.ndarray:
-    sums = x.sum(axis=-1, keepdims=True)
+def _renormalised(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """``x`` with the rows whose ``sums`` (the checks' row sums) are off 1 by more than 1e-13 divided by them."""
     off = np.abs(sums - 1.0) > 1e-13
-    return np.where(off, x / sums, x) if off.any() else x
+    return np.where(off[..., None], x / sums[..., None], x) if off.any() else x
 
 
 def _stack(rows: list[np.ndarray]) -> np.ndarray:
