@@ -29,7 +29,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from theory._race import FLOOR, MAX_STEP, STEP, TAIL_LOW, TOLERANCE, _clocks, _log_nodes, _lower_tail
+from theory._race import (
+    FLOOR,
+    MAX_STEP,
+    STEP,
+    TAIL_LOW,
+    TOLERANCE,
+    _clocks,
+    _log_nodes,
+    _lower_tail,
+    single_threaded_blas,
+)
 
 __all__ = ["fit_item_log_weights", "item_marginal"]
 
@@ -88,25 +98,28 @@ def fit_item_log_weights(lower: float, masses: np.ndarray, target: np.ndarray, n
     :data:`theory._race.TOLERANCE`, when no halving helps, or after :data:`MAX_SWEEPS`. Returns the last
     (best) log-weights and their exact marginal.
     """
-    log_weights = _normalised(start)
-    r, slopes = item_marginal(lower, masses, log_weights, n, derivative=True)
-    error = float(np.abs(r - target).sum())
-    for _ in range(MAX_SWEEPS):
-        if error <= TOLERANCE:
-            break
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = (target - r) / slopes
-        step = np.clip(np.nan_to_num(step, nan=0.0, posinf=MAX_STEP, neginf=-MAX_STEP), -MAX_STEP, MAX_STEP)
-        for _ in range(HALVINGS + 1):
-            trial = _normalised(log_weights + step)
-            trial_r, trial_slopes = item_marginal(lower, masses, trial, n, derivative=True)
-            trial_error = float(np.abs(trial_r - target).sum())
-            if trial_error < error:
+    with single_threaded_blas():  # as every race product: theory._race.single_threaded_blas says why
+        log_weights = _normalised(start)
+        r, slopes = item_marginal(lower, masses, log_weights, n, derivative=True)
+        error = float(np.abs(r - target).sum())
+        for _ in range(MAX_SWEEPS):
+            if error <= TOLERANCE:
                 break
-            step *= 0.5
-        else:  # no step lowers the error: at the round-off floor
-            break
-        log_weights, r, slopes, error = trial, trial_r, trial_slopes, trial_error
+            with np.errstate(divide="ignore", invalid="ignore"):
+                step = (target - r) / slopes
+            step = np.clip(
+                np.nan_to_num(step, nan=0.0, posinf=MAX_STEP, neginf=-MAX_STEP), -MAX_STEP, MAX_STEP
+            )
+            for _ in range(HALVINGS + 1):
+                trial = _normalised(log_weights + step)
+                trial_r, trial_slopes = item_marginal(lower, masses, trial, n, derivative=True)
+                trial_error = float(np.abs(trial_r - target).sum())
+                if trial_error < error:
+                    break
+                step *= 0.5
+            else:  # no step lowers the error: at the round-off floor
+                break
+            log_weights, r, slopes, error = trial, trial_r, trial_slopes, trial_error
     return log_weights, r
 
 

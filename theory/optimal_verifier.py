@@ -326,7 +326,7 @@ def optimal_verifier(
         raise ValueError(f"group_below must be a mass >= 0 (0 disables grouping), got {group_below!r}")
     if not isinstance(item_fit, bool):
         raise ValueError(f"item_fit must be True or False, got {item_fit!r}")
-    with single_threaded_blas():
+    with _blas_limit():
         tables = [
             _build_row(row_p, row_q, n, float(group_below), item_fit)
             for row_p, row_q in zip(flat_p, flat_q, strict=True)
@@ -350,11 +350,15 @@ def optimal_tables(
         q = q / q_sum
     if group_below is None:
         group_below = GROUP_BELOW if p.shape[-1] > MAX_OWN_UNITS else 0.0
-    # The BLAS limit is for numpy's race matrices: the native fit has none, and taking the limit (threadpoolctl)
-    # cost 0.04-0.13 ms of a 2.5-2.8 ms native build (wall, interleaved). A fit that falls back to numpy takes it.
-    numpy_fits = item_fit or not _native.available()
-    with single_threaded_blas() if numpy_fits else contextlib.nullcontext():
+    with _blas_limit():
         return _build_row(p, q, n, float(group_below), bool(item_fit))
+
+
+def _blas_limit():
+    """The BLAS limit of a build (:func:`theory._race.single_threaded_blas`), for numpy's race matrices: held
+    around the whole build when its fits run in numpy. A native build takes none (taking it cost 0.03-0.15 ms
+    of a ~2 ms build); a numpy fit inside it (a refused native fit, an item fit) takes its own."""
+    return contextlib.nullcontext() if _native.available() else single_threaded_blas()
 
 
 def _renormalised(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
