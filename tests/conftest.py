@@ -8,6 +8,7 @@ ten times the examples (properties that fix their own count keep it), a bug hunt
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -40,3 +41,17 @@ settings.register_profile(
 settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True, print_blob=True)
 settings.register_profile("deep", parent=settings.get_profile("dev"), max_examples=2000, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def theory_native_code_loaded_before_any_test_patches_its_oracles():
+    """Build (or load) and probe the theory's native code once, first.
+
+    Its probes compare each C++ function with the numpy function it mirrors, and those read module constants
+    that some tests patch (``MAX_UNITS``, ``RETRY_SHORTFALL``): a library first loaded inside such a test was
+    refused for the whole worker process, and every native test after it failed.
+    """
+    from theory import _native
+
+    with _native.enabled(True):
+        _native.available()

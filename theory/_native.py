@@ -1,6 +1,6 @@
 """The theory's hot loops in C++ (``theory/csrc``), built on first use with the machine's C++ compiler.
 
-Three functions, each the twin of a numpy function that stays its specification and the oracle of its tests
+Four functions, each the twin of a numpy function that stays its specification and the oracle of its tests
 (``tests/theory/test_native.py``):
 
 * :func:`race_fit` -- :func:`theory._race.fit_log_weights`. A class of the optimal verifier's build has a few
@@ -13,6 +13,10 @@ Three functions, each the twin of a numpy function that stays its specification 
 * :func:`class_units` -- :func:`theory.optimal_verifier._class_units`: the units of a large class and their
   targets (~30 numpy calls). The partition is numpy's but where numpy's SIMD ``log`` or an unstable sort moves a
   unit boundary by an item (6 of 1,019 classes of logged pairs); exactness never depends on the units.
+* :func:`build_items` -- :func:`theory.optimal_verifier._build_items_in_numpy` with its first unit fit: the ~100
+  numpy calls around the three functions above and the token marginal's passes over the vocabulary, in one call
+  that runs them directly. Its tables are numpy's to round-off (the C library's ``pow`` for numpy's); rows it
+  does not finish (a refused fit, a first fit short of alpha* that numpy retries) go back to numpy.
 
 The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, ~10 s) into
 ``$XDG_CACHE_HOME/specbound/native/`` and loaded with :mod:`ctypes`, so ``theory`` needs neither torch nor a
@@ -39,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "bucketed", "class_units", "cpuinfo", "enabled", "race_fit"]
+__all__ = ["NO_ROOM", "available", "bucketed", "build_items", "class_units", "cpuinfo", "enabled", "race_fit"]
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = tuple(_CSRC / name for name in ("race_fit.cpp", "buckets.cpp", "units.cpp"))
+SOURCES = tuple(_CSRC / name for name in ("race_fit.cpp", "buckets.cpp", "units.cpp", "build.cpp"))
 HEADERS = (_CSRC / "numerics.h",)
 #: No ``-ffast-math``: the marginal must be the exact one of the weights returned, to IEEE round-off.
 #: ``-ffp-contract=off``: GCC fuses ``a * b + c`` into one rounding by default (even with ``-std=c++17``), which
@@ -164,6 +168,78 @@ def _bucketed_with(function, ps, qs, n, group_below, tight, absent, constants):
         return None
     p, q, low, high, single, count = (buffer[:items].copy() for buffer in buffers)
     return p, q, low, high, single.view(bool), count, item
+
+
+#: :func:`build_items`'s answer when 1 - alpha* is below ``min_room`` (the numpy function's ``None``).
+NO_ROOM = "no room"
+#: The constants :func:`build_items` reads, in the order of the C ``Constants`` (``theory/csrc/build.cpp``).
+BUILD_CONSTANT_NAMES = (
+    "TIGHT",
+    "RETRY_SHORTFALL",
+    "BINS",
+    "MAX_OWN_UNITS",
+    "MAX_UNITS",
+    "UNIT_OWN_UNIT_MASS",
+    "UNIT_MAX_OWN_UNITS",
+    "UNIT_TIGHT",
+    "STEP",
+    "LOW",
+    "HIGH",
+    "TAIL_LOW",
+    "WIDE",
+    "FLOOR",
+    "MAX_STEP",
+    "TOLERANCE",
+    "MAX_ITERATIONS",
+    "MAX_HALVINGS",
+)
+
+
+def build_items(items, n: int, min_room: float, constants: dict):
+    """``(r, classes, log_weights, item, accepted, alpha, minimiser)`` of
+    :func:`theory.optimal_verifier._build_items_in_numpy` for ``items`` (:class:`theory._buckets.Items`),
+    :data:`NO_ROOM`, or ``None`` where numpy must build the row. ``constants``: :data:`BUILD_CONSTANT_NAMES`."""
+    library = _active()
+    if library is None:
+        return None
+    return _build_items_with(library.specbound_build_items, items, n, min_room, constants)
+
+
+def _build_items_with(function, items, n, min_room, constants):
+    size, tokens = items.p.shape[0], items.item.shape[0]
+    arrays = [
+        np.ascontiguousarray(array, dtype=np.float64) for array in (items.p, items.q, items.low, items.high)
+    ]
+    single = np.ascontiguousarray(items.single, dtype=np.uint8)
+    count, item = (np.ascontiguousarray(array, dtype=np.int64) for array in (items.count, items.item))
+    p_tokens, q_tokens = (np.ascontiguousarray(x, dtype=np.float64) for x in (items.p_tokens, items.q_tokens))
+    values = np.array([constants[name] for name in BUILD_CONSTANT_NAMES], dtype=np.float64)
+    r, classes, logs = np.empty(tokens), np.empty(size, np.int64), np.empty(size)
+    scalars, minimiser = np.empty(2), np.empty(1, np.int64)
+    status = function(
+        *(array.ctypes.data for array in arrays),
+        single.ctypes.data,
+        count.ctypes.data,
+        size,
+        item.ctypes.data,
+        p_tokens.ctypes.data,
+        q_tokens.ctypes.data,
+        tokens,
+        n,
+        min_room,
+        values.ctypes.data,
+        r.ctypes.data,
+        classes.ctypes.data,
+        logs.ctypes.data,
+        scalars[0:].ctypes.data,
+        scalars[1:].ctypes.data,
+        minimiser.ctypes.data,
+    )
+    if status == 1:
+        return NO_ROOM
+    if status != 0:
+        return None
+    return r, classes, logs, items.item, float(scalars[0]), float(scalars[1]), int(minimiser[0])
 
 
 def class_units(
@@ -288,7 +364,7 @@ def _built(compiler: str, version: str, flags: tuple[str, ...]) -> Path:
 
 
 def _declared(loaded):
-    """The loaded library with its two functions' C signatures declared."""
+    """The loaded library with its functions' C signatures declared."""
     double, integer, pointer, wide = ctypes.c_double, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
     fit = loaded.specbound_race_fit
     fit.restype = integer
@@ -304,6 +380,10 @@ def _declared(loaded):
     # capped, qs, ratio, slack, size, mass, above, lower, n, bins, own unit mass, max own units, tight; 3 outputs.
     units.argtypes = [pointer] * 4 + [wide, double, integer, double, integer, integer, double, wide, double]
     units.argtypes += [pointer] * 3
+    build = loaded.specbound_build_items
+    build.restype = integer
+    # p, q, low, high, single, count, items; token item, p, q, tokens; n, min room, constants; six outputs.
+    build.argtypes = [pointer] * 6 + [wide] + [pointer] * 3 + [wide, integer, double] + [pointer] * 7
     return loaded
 
 
@@ -312,7 +392,36 @@ def _probe(library):
     _probe_race_fit(library.specbound_race_fit)
     _probe_bucketed(library.specbound_bucketed)
     _probe_class_units(library.specbound_class_units)
+    _probe_build_items(library.specbound_build_items)
     return library
+
+
+def _probe_build_items(function):
+    """On a fixed 4,096-token row's grouped items (n = 2, 4): numpy's classes, alpha* and acceptance, and per
+    class the marginal's sum (the class's selection probability, whatever its units)."""
+    from theory import _buckets
+
+    builder = importlib.import_module("theory.optimal_verifier")
+    rng = np.random.default_rng(2)
+    p, q = rng.dirichlet(np.full(4096, 0.5)), rng.dirichlet(np.full(4096, 0.5))
+    for n in (2, 4):
+        items = _buckets._bucketed(p, q, n, 1e-4, 1e-13)
+        built = _build_items_with(function, items, n, 0.0, builder._build_constants())
+        with enabled(False):  # numpy alone (the lock is held: no native call may load the library)
+            expected = builder._build_items_in_numpy(items, n, 0.0, item_fit=False)
+        if not isinstance(built, tuple) or not _same_build(built, expected):
+            raise RuntimeError("its probe build disagrees with numpy's")
+
+
+def _same_build(built, expected) -> bool:
+    r, classes, _, item, accepted, alpha, minimiser = built
+    if not (np.array_equal(classes, expected[1]) and minimiser == expected[6]):
+        return False
+    if abs(alpha - expected[5]) > 1e-15 or abs(accepted - expected[4]) > 1e-14 or r.min() < 0:
+        return False
+    class_of_token = classes[item]
+    sums, expected_sums = (np.bincount(class_of_token, weights=x) for x in (r, expected[0]))
+    return bool(np.allclose(sums, expected_sums, rtol=1e-12, atol=1e-16))
 
 
 def _probe_class_units(function):

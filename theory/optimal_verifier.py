@@ -66,6 +66,7 @@ from theory._class_units import (
     _unit_targets,
     _units,
 )
+from theory._race import NATIVE_CONSTANTS as RACE_CONSTANTS
 from theory._race import _power_difference, fit_log_weights, single_threaded_blas
 from theory._token_race import fit_item_log_weights
 from theory.checks import as_count, distribution_pair_with_sums
@@ -423,7 +424,17 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fi
 def _build_items(items: _buckets.Items, n: int, min_room: float = 0.0, item_fit: bool = True):
     """Marginal of every support token, class and log-weight of every item (in ratio order), the item of every
     support token, the acceptance sum(min(p, r)), alpha* and the minimiser's size in tokens; ``None`` when
-    1 - alpha* < ``min_room``."""
+    1 - alpha* < ``min_room``. Runs as C++ where it is built (:mod:`theory._native`: the first unit fit; rows
+    that need numpy's retries come back here), else :func:`_build_items_in_numpy`."""
+    built = _native.build_items(items, n, min_room, _build_constants())
+    if built is _native.NO_ROOM:
+        return None
+    return built if built is not None else _build_items_in_numpy(items, n, min_room, item_fit)
+
+
+def _build_items_in_numpy(items: _buckets.Items, n: int, min_room: float = 0.0, item_fit: bool = True):
+    """:func:`_build_items` in numpy: the specification of its native twin (``theory/csrc/build.cpp``), which
+    runs the first fit only (``fit(BINS)``) and hands the retries back here."""
     ps, qs = items.p, items.q
     size = ps.shape[0]
     target_mass = prefix_sums(ps)
@@ -514,6 +525,21 @@ def _fit_class(items, a: int, b: int, slack, lower: float, mass: float, n: int, 
 
 #: The constants :func:`_class_units` hands to its native twin (:mod:`theory._native`).
 UNIT_CONSTANTS = {"OWN_UNIT_MASS": OWN_UNIT_MASS, "MAX_OWN_UNITS": MAX_OWN_UNITS, "TIGHT": TIGHT}
+
+
+def _build_constants() -> dict:
+    """The constants :func:`_build_items` hands to its native twin (:mod:`theory._native`), read when called, so
+    that the module's constants, as set (tests change some), are the ones both builds see; the units get
+    :data:`UNIT_CONSTANTS`, as :func:`_fit_class` gives them."""
+    return {
+        "TIGHT": TIGHT,
+        "RETRY_SHORTFALL": RETRY_SHORTFALL,
+        "BINS": BINS,
+        "MAX_OWN_UNITS": MAX_OWN_UNITS,
+        "MAX_UNITS": MAX_UNITS,
+        **{f"UNIT_{name}": value for name, value in UNIT_CONSTANTS.items()},
+        **RACE_CONSTANTS,
+    }
 
 
 def _class_units(capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int):

@@ -1,13 +1,14 @@
-"""The theory's native code (``theory._native``, ``theory/csrc``): numpy's race fit and ratio buckets, in C++.
+"""The theory's native code (``theory._native``, ``theory/csrc``): numpy's race fit, ratio buckets, class units
+and the build around them, in C++.
 
 Oracles: numpy's :func:`theory._race.race_marginal` evaluated at the native fit's own log-weights (the marginal a
 verifier uses must be its race's; losslessness needs nothing else), numpy's fit on the same class (the same
-targets reached), numpy's :func:`theory._buckets._bucketed` (the same items, bitwise), and builds of the
-optimal verifier with the native code on and off on logged SmolLM2 pairs and LM-like rows. The enumeration
-tests of ``test_optimal_verifier.py`` run on both. The build's own safety: a library whose marginal or buckets
-disagree is refused, a missing compiler leaves numpy in charge and says so, and the cached library is written
-whole.
-"""
+targets reached), numpy's :func:`theory._buckets._bucketed` (the same items, bitwise), numpy's unit partition,
+numpy's build of a row's tables from its items (:func:`theory.optimal_verifier._build_items_in_numpy`, around
+the same native units and fits), and builds of the optimal verifier with the native code on and off on logged
+SmolLM2 pairs and LM-like rows. The enumeration tests of ``test_optimal_verifier.py`` run on both. The build's
+own safety: a library whose marginal, buckets, units or build disagree is refused, a missing compiler leaves
+numpy in charge and says so, and the cached library is written whole."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from theory._class_units import TIGHT
 from theory.optimal_verifier import optimal_tables
 
 buckets = importlib.import_module("theory._buckets")
+verifier = importlib.import_module("theory.optimal_verifier")
 race = importlib.import_module("theory._race")
 native = importlib.import_module("theory._native")
 PAIRS = Path(__file__).parent / "data" / "smollm2_pairs.npz"
@@ -259,14 +261,16 @@ def test_the_library_is_built_once_whole_and_reused_and_portably_where_native_fl
 
 
 def _recorded_class_units(monkeypatch, pairs):
-    """The arguments of every large class's unit construction in builds of ``pairs`` (n = 2, 4, 8)."""
+    """The arguments of every large class's unit construction in builds of ``pairs`` (n = 2, 4, 8), the builds
+    run by numpy's code around the native units (the native build calls them from C++)."""
     builder = importlib.import_module("theory.optimal_verifier")
     calls, make = [], native.class_units
     monkeypatch.setattr(native, "class_units", lambda *args: calls.append(args) or make(*args))
+    monkeypatch.setattr(native, "build_items", lambda *args: None)
     for p, q in pairs:
         for n in (2, 4, 8):
             optimal_tables(p, q, n, item_fit=False)
-    monkeypatch.setattr(native, "class_units", make)
+    monkeypatch.undo()
     return builder, calls
 
 
@@ -294,6 +298,98 @@ def test_native_units_are_numpys_partition_with_its_masses_and_targets(monkeypat
             np.testing.assert_allclose(made[1], expected[1][match], rtol=1e-12, atol=0)
             np.testing.assert_allclose(made[2], expected[2][match], rtol=1e-9, atol=1e-300)
     assert same >= 0.95 * len(calls), (same, len(calls))
+
+
+def _build_cases():
+    """Items of logged SmolLM2 pairs (their top 64 tokens, token by token) and of grouped LM-like rows of 8,192
+    tokens (a third with 30% of the draft's tokens left out and passed as absent)."""
+    data = np.load(PAIRS)
+    for p, q in list(zip(data["p"].astype(np.float64), data["q"].astype(np.float64), strict=True))[::3]:
+        yield buckets.singletons(p[q > 0], q[q > 0])
+    for seed, zero_share in ((1, 0.0), (2, 0.3), (3, 0.0)):
+        for p, q in lm_like_rows(seed, 2, zero_share=zero_share):
+            absent = np.flatnonzero(q == 0)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                yield buckets._bucketed(p, q, 4, verifier.GROUP_BELOW, TIGHT, absent if absent.size else None)
+
+
+@pytest.mark.parametrize(("max_units", "retry_shortfall"), [(512, None), (40, np.inf), (4, np.inf)])
+def test_native_build_is_numpys_to_round_off(monkeypatch, max_units, retry_shortfall):
+    """The native build of a row's tables from its items against numpy's first unit fit (the specification, run
+    on the same native units and race fits), n = 2, 3, 4, 8: the same classes and minimiser, alpha* and
+    acceptance to 1e-15 / 2e-15, the marginal to 1e-13 and the log-weights to 1e-6 (the fits stop at slightly
+    different Newton iterates: the targets differ by the C library's pow against numpy's). At the default cap
+    no logged or LM-like class has more than 512 units; at 40 and 4 (retries off on both sides, since capped
+    fits fall short) classes of 41-295 units go through the cap's merging, and at 40 its last round must choose
+    the cheapest of its candidate merges."""
+    require_native_code()
+    monkeypatch.setattr(verifier, "MAX_UNITS", max_units)
+    if retry_shortfall is not None:
+        monkeypatch.setattr(verifier, "RETRY_SHORTFALL", retry_shortfall)
+    constants = verifier._build_constants()  # as patched
+    finished = total = 0
+    for items in _build_cases():
+        for n in (2, 3, 4, 8):
+            total += 1
+            built = native.build_items(items, n, 0.0, constants)
+            # numpy's code around the same native units and fits (numpy's own units may split a class otherwise)
+            expected = verifier._build_items_in_numpy(items, n, 0.0, item_fit=False)
+            if built is None:  # handed back: a fit the native code refuses, or numpy's retries (tested below)
+                continue
+            finished += 1
+            r, classes, logs, _, accepted, alpha, minimiser = built
+            np.testing.assert_array_equal(classes, expected[1])
+            assert minimiser == expected[6]
+            assert abs(alpha - expected[5]) <= 1e-15 and abs(accepted - expected[4]) <= 2e-15
+            np.testing.assert_allclose(r, expected[0], rtol=0, atol=1e-13)
+            np.testing.assert_allclose(logs, expected[2], rtol=0, atol=1e-6)
+    assert finished >= total // 3, (finished, total)  # not vacuous
+
+
+def test_native_build_leaves_a_row_short_of_alpha_star_to_numpys_retries():
+    """Close full-vocabulary drafts, where the first unit fit stops short of alpha* (the benchmark's close
+    drafts): the native build hands the row back and the dispatching build is numpy's, retries included."""
+    require_native_code()
+    rng = np.random.default_rng(5)
+    logits = 3.0 * rng.standard_normal(6000)
+    p = np.exp(logits - logits.max())
+    q = p * np.exp(0.05 * rng.standard_normal(6000))
+    p, q = p / p.sum(), q / q.sum()
+    items = buckets._bucketed(p, q, 8, verifier.GROUP_BELOW, TIGHT)
+    with native.enabled(False):
+        first = verifier._build_items_in_numpy(items, 8, 0.0, item_fit=False)
+    assert first[5] - first[4] > verifier.RETRY_SHORTFALL  # the case: numpy's first fit is short
+    assert native.build_items(items, 8, 0.0, verifier._build_constants()) is None
+    expected = verifier._build_items_in_numpy(items, 8, 0.0, item_fit=True)  # with the native units and fits
+    got = verifier._build_items(items, 8, 0.0, item_fit=True)
+    assert got[4] == expected[4] and np.array_equal(got[0], expected[0])
+
+
+def test_native_build_reports_no_room_as_numpy_does():
+    """1 - alpha* below ``min_room``: numpy's None, through the dispatching build."""
+    require_native_code()
+    p, q = next(lm_like_rows(4, 1))
+    items = buckets._bucketed(p, q, 2, verifier.GROUP_BELOW, TIGHT)
+    assert native.build_items(items, 2, 1.5, verifier._build_constants()) is native.NO_ROOM
+    assert verifier._build_items(items, 2, 1.5) is None
+    with native.enabled(False):
+        assert verifier._build_items_in_numpy(items, 2, 1.5) is None
+
+
+def test_a_library_whose_build_disagrees_is_refused():
+    """Negative control of the build's probe: the real function with the acceptance moved by 1e-13."""
+    require_native_code()
+    function = native._library().specbound_build_items
+
+    def off(*args):
+        status = function(*args)
+        accepted = np.ctypeslib.as_array(ctypes.cast(args[-3], ctypes.POINTER(ctypes.c_double)), shape=(1,))
+        accepted[0] += 1e-13
+        return status
+
+    native._probe_build_items(function)
+    with pytest.raises(RuntimeError, match="build disagrees"):
+        native._probe_build_items(off)
 
 
 def test_a_library_whose_units_disagree_is_refused():

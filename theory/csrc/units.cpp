@@ -20,6 +20,7 @@
 
 namespace {
 
+using specbound::fill_level_of;
 using specbound::power_difference;
 
 // Dense labels 0, 1, ... in increasing order of the given labels (theory._class_units._compact), by counting:
@@ -35,28 +36,6 @@ int64_t compact(std::vector<int64_t>& labels, int64_t range) {
     }
     for (int64_t& label : labels) label = rank[label + 1];
     return next;
-}
-
-// theory._class_units._fill_level on `ratio` sorted increasingly.
-double fill_level(const std::vector<double>& ratio, const std::vector<double>& weight, double mass, bool above) {
-    const std::size_t size = ratio.size();
-    std::vector<double> head_p(size + 1, 0.0), head_q(size + 1, 0.0), tail_p(size + 1, 0.0), tail_q(size + 1, 0.0);
-    for (std::size_t i = 0; i < size; ++i) {
-        head_p[i + 1] = head_p[i] + ratio[i] * weight[i];
-        head_q[i + 1] = head_q[i] + weight[i];
-    }
-    for (std::size_t i = size; i-- > 0;) {
-        tail_p[i] = tail_p[i + 1] + ratio[i] * weight[i];
-        tail_q[i] = tail_q[i + 1] + weight[i];
-    }
-    if (above) {  // first break with head_p[j+1] + ratio_j tail_q[j+1] >= mass (searchsorted, side="left")
-        std::size_t below = 0;
-        while (below < size && head_p[below + 1] + ratio[below] * tail_q[below + 1] < mass) ++below;
-        return below < size ? (mass - head_p[below]) / tail_q[below] : INFINITY;
-    }
-    std::size_t raised = 0;  // breaks with ratio_j head_q[j] + tail_p[j] <= mass (searchsorted, side="right")
-    while (raised < size && ratio[raised] * head_q[raised] + tail_p[raised] <= mass) ++raised;
-    return raised > 0 ? (mass - tail_p[raised]) / head_q[raised] : -INFINITY;
 }
 
 struct Class {
@@ -76,15 +55,7 @@ void unit_targets(const Class& c, std::vector<int64_t>& labels, int64_t& units, 
         double& e = extreme[labels[i]];
         e = c.above ? std::min(e, c.ratio[i]) : std::max(e, c.ratio[i]);
     }
-    std::vector<int64_t> order(units);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return extreme[a] < extreme[b]; });
-    std::vector<double> sorted_extreme(units), sorted_q(units);
-    for (int64_t u = 0; u < units; ++u) {
-        sorted_extreme[u] = extreme[order[u]];
-        sorted_q[u] = unit_q[order[u]];
-    }
-    double level = fill_level(sorted_extreme, sorted_q, c.mass, c.above);
+    double level = fill_level_of(extreme.data(), unit_q.data(), units, c.mass, c.above);
     if (std::isfinite(level)) {
         std::vector<int64_t> relabel(units);
         for (int64_t u = 0; u < units; ++u) {
@@ -104,15 +75,7 @@ void unit_targets(const Class& c, std::vector<int64_t>& labels, int64_t& units, 
         return;
     }
     // No level reaches the mass: the item-level fill, summed per unit.
-    std::vector<int64_t> tokens(c.size);
-    std::iota(tokens.begin(), tokens.end(), 0);
-    std::stable_sort(tokens.begin(), tokens.end(), [&](int64_t a, int64_t b) { return c.ratio[a] < c.ratio[b]; });
-    std::vector<double> sorted_ratio(c.size), sorted_weight(c.size);
-    for (int64_t i = 0; i < c.size; ++i) {
-        sorted_ratio[i] = c.ratio[tokens[i]];
-        sorted_weight[i] = c.qs[tokens[i]];
-    }
-    level = fill_level(sorted_ratio, sorted_weight, c.mass, c.above);
+    level = fill_level_of(c.ratio, c.qs, c.size, c.mass, c.above);
     unit_target.assign(units, 0.0);
     for (int64_t i = 0; i < c.size; ++i) {
         double filled = level * c.qs[i];
