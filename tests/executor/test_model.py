@@ -231,7 +231,9 @@ def test_copy_cache_slots_then_continuing_equals_fresh_prefill_of_accepted_text(
     logits = prefill(model, following, start=start + len(accepted))
     text = prefix + [tree_tokens[i] for i in accepted]
     expected = fresh_logits(model, text + following)[len(text) :]
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    # The continuation's few-row products and the fresh prefill's may run different kernels (executor.products
+    # chooses them by timing, per row count): 1.2e-5 apart once in CI. Leaving the copy out moves them by ~3.
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_copy_cache_slots_handles_overlapping_source_and_destination(tiny_model):
