@@ -20,8 +20,9 @@ Four functions, each the twin of a numpy function that stays its specification a
 
 The library is compiled once per source, compiler and machine (``c++ -O3 -march=native``, the sources side by
 side, 5-10 s) into ``$XDG_CACHE_HOME/specbound/native/`` and loaded with :mod:`ctypes`, so ``theory`` needs
-neither torch nor a build step at install. Before first use it must reproduce numpy on a probe of each function; where there is no
-compiler, the build fails or a probe disagrees, one line on stderr says so and numpy runs.
+neither torch nor a build step at install. Before first use it must reproduce numpy on a probe of each
+function; where there is no compiler, the build fails or a probe disagrees, one line on stderr says so and
+numpy runs.
 ``SPECBOUND_NATIVE=0`` in the environment (read at import; :func:`enabled` in a running process) turns it off,
 as it does the executor's native products.
 """
@@ -461,9 +462,8 @@ def _probe_class_units(function):
     """On a fixed class of 2,000 items (above and below the minimiser): unit masses that are the sums of their
     items' (what exactness needs), and numpy's partition on at least 99% of the items (not all: numpy's SIMD
     ``log`` and unstable sorts may move a unit boundary by an item)."""
-    builder = importlib.import_module(
-        "theory.optimal_verifier"
-    )  # the module (the package exports a function)
+    # The module (the package's name ``optimal_verifier`` is the function).
+    builder = importlib.import_module("theory.optimal_verifier")
     rng = np.random.default_rng(1)
     qs, ps = rng.dirichlet(np.full(2000, 0.5)) * 0.4, rng.dirichlet(np.full(2000, 0.5)) * 0.5
     ratio = ps / qs
