@@ -6,7 +6,9 @@
 // arithmetic runs in one call. The Python module is the specification and the oracle (tests/theory/
 // test_native.py): every formula below is the one of the function it names there, and the marginal returned
 // is the one evaluated at the returned log-weights, which is all losslessness needs. Plain C ABI (ctypes), no
-// fast-math: IEEE double throughout, so sums differ from numpy's by round-off only.
+// fast-math: IEEE double throughout, so values differ from numpy's by round-off only (the exp is within 1 ulp
+// of the C library's, as numpy's own is; sums over the nodes run in numpy's pairwise order). The tables are
+// node-major, units along the rows, so that every pass runs on eight units at a time.
 //
 // Return codes of specbound_race_fit: 0 done; 1 a case the Python fit handles (a singular Newton system, a node
 // window past WIDE); the caller then runs the numpy fit.
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -28,6 +31,104 @@ using specbound::power_difference;
 
 // Eight doubles in one vector (GCC/Clang extension): one AVX-512 register, two AVX ones.
 typedef double Eight __attribute__((vector_size(64)));
+typedef std::int64_t EightInt __attribute__((vector_size(64)));
+constexpr int LANES = 8;
+
+Eight load(const double* a) {
+    Eight v;
+    std::memcpy(&v, a, sizeof v);
+    return v;
+}
+
+void store(double* a, Eight v) { std::memcpy(a, &v, sizeof v); }
+
+// e^x on eight lanes, within 1 ulp of the C library's exp (tests/theory/test_native.py checks it on 10^6
+// arguments, subnormal results, overflow, infinities and NaN included). Why: the race's ~U K clocks per
+// evaluation each need one, and glibc's exp is scalar (6-10 ns a call here, a tenth of a build). x = k ln 2 + r
+// with |r| <= ln 2 / 2 (k rounded by the 1.5 * 2^52 shifter, ln 2 in two parts, Cody and Waite), e^r by its
+// Taylor polynomial to degree 13 (truncation below 5e-18), and 2^k as two normal factors 2^(k/2) 2^(k - k/2), so
+// a subnormal result is rounded once. Contraction into FMAs is allowed here (only here): it makes the
+// polynomial faster and no less accurate.
+__attribute__((optimize("fp-contract=fast"))) Eight exp8(Eight x) {
+    const double shifter = 6755399441055744.0, log2e = 1.4426950408889634;
+    const double ln2_high = 0x1.62e42fefa3800p-1, ln2_low = 0x1.ef35793c76730p-45;
+    x = x < -746.0 ? -746.0 : x;  // e^x rounds to 0 below, to +inf above; NaN fails both tests and stays NaN
+    x = x > 710.0 ? 710.0 : x;
+    const Eight shifted = x * log2e + shifter;
+    const Eight k = shifted - shifter;
+    const Eight r = (x - k * ln2_high) - k * ln2_low;
+    Eight poly = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+    for (double coefficient : {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+                               1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5})
+        poly = poly * r + coefficient;
+    const Eight near_one = 1.0 + (r + (r * r) * poly);
+    EightInt whole;  // k itself: the low bits of the shifted sum
+    std::memcpy(&whole, &shifted, sizeof whole);
+    std::int64_t shifter_bits;
+    std::memcpy(&shifter_bits, &shifter, sizeof shifter_bits);
+    whole -= shifter_bits;
+    const EightInt half = whole >> 1;
+    const EightInt first_bits = (half + 1023) << 52, second_bits = (whole - half + 1023) << 52;
+    Eight first, second;
+    std::memcpy(&first, &first_bits, sizeof first);
+    std::memcpy(&second, &second_bits, sizeof second);
+    return (near_one * first) * second;
+}
+
+// numpy's pairwise sum (numerics.h) down each of the eight columns a[row * stride + lane]: the same additions in
+// the same order per column, so a sum over the nodes in the node-major layout below is the one of a contiguous
+// (U, K) row.
+Eight pairwise_columns(const double* a, std::size_t rows, std::size_t stride) {
+    if (rows < 8) {
+        Eight sum = {};
+        for (std::size_t i = 0; i < rows; ++i) sum += load(a + i * stride);
+        return sum;
+    }
+    if (rows <= 128) {
+        Eight r[8];
+        for (int j = 0; j < 8; ++j) r[j] = load(a + j * stride);
+        std::size_t i = 8;
+        for (; i + 8 <= rows; i += 8)
+            for (int j = 0; j < 8; ++j) r[j] += load(a + (i + j) * stride);
+        Eight sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < rows; ++i) sum += load(a + i * stride);
+        return sum;
+    }
+    std::size_t half = rows / 2;
+    half -= half % 8;
+    return pairwise_columns(a, half, stride) + pairwise_columns(a + half * stride, rows - half, stride);
+}
+
+double lane_sum(Eight v) {
+    double sum = 0.0;
+    for (int j = 0; j < LANES; ++j) sum += v[j];
+    return sum;
+}
+
+// hessian_uv -= factor sum_k scaled_ku weighted_scaled_kv (node-major tables of stride S, zero-padded), the
+// race's cross term n (n - 1) h sum_k scaled_uk power_k scaled_vk. Symmetric: for 8 rows u at a time, the blocks
+// of 8 columns v from the diagonal's on, each summed over the nodes in eight registers (one load, eight
+// broadcasts and eight FMAs per node), then mirrored. Only the Newton direction depends on these entries (the
+// marginal does not), so contraction into FMAs is allowed here.
+__attribute__((optimize("fp-contract=fast"))) void subtract_cross(const double* scaled, const double* weighted_scaled,
+                                                                  int U, int K, int S, double factor, double* hessian) {
+    for (int u0 = 0; u0 < U; u0 += LANES) {
+        for (int v0 = u0; v0 < U; v0 += LANES) {
+            Eight sum[LANES] = {};
+            for (int k = 0; k < K; ++k) {
+                const Eight block = load(scaled + static_cast<std::size_t>(k) * S + v0);
+                const double* rows = weighted_scaled + static_cast<std::size_t>(k) * S + u0;
+                for (int i = 0; i < LANES; ++i) sum[i] += rows[i] * block;
+            }
+            for (int u = u0; u < std::min(U, u0 + LANES); ++u)
+                for (int v = std::max(u, v0); v < std::min(U, v0 + LANES); ++v) {
+                    const double term = factor * sum[u - u0][v - v0];
+                    hessian[static_cast<std::size_t>(u) * U + v] -= term;
+                    if (v != u) hessian[static_cast<std::size_t>(v) * U + u] -= term;
+                }
+        }
+    }
+}
 
 struct Constants {
     double step, low, high, tail_low, wide, floor, max_step, tolerance;
@@ -41,8 +142,9 @@ struct Race {
     const double* masses;
     int units, n;
     Constants c;
-    // Scratch, reused across evaluations.
-    std::vector<double> clock, survive, phi, power_k, weighted, row, scaled, weighted_scaled;
+    // Scratch, reused across evaluations: (K, stride) node-major tables, units along the rows padded to a
+    // multiple of eight with zero masses and weights (zero density: the padding adds nothing to any sum).
+    std::vector<double> padded_masses, weights, nodes_t, clock, density, weighted, slope, scaled, weighted_scaled, phi, power_k;
 
     // Quadrature nodes s = ln t from `low` (shifted by the largest log-weight) past HIGH - min(log-weights).
     int nodes(const std::vector<double>& lw, double low, double& first) const {
@@ -50,6 +152,36 @@ struct Race {
         double hi = c.high - *std::min_element(lw.begin(), lw.end());
         first = lo;
         return static_cast<int>(std::ceil((hi - lo) / c.step)) + 1;
+    }
+
+    int stride() const { return (units + LANES - 1) / LANES * LANES; }
+
+    // The weights e^lw and masses padded to the stride, and the nodes t_k = e^(s0 + h k).
+    void prepare(const std::vector<double>& lw, double s0, int K) {
+        const int S = stride();
+        padded_masses.assign(S, 0.0);
+        std::copy(masses, masses + units, padded_masses.begin());
+        weights.assign(S, 0.0);
+        for (int u = 0; u < units; ++u) weights[u] = std::exp(lw[u]);
+        nodes_t.resize(K);
+        for (int k = 0; k < K; ++k) nodes_t[k] = std::exp(s0 + c.step * k);
+    }
+
+    // phi(t_k) - x = sum_u Q_u e^(-w_u t_k) for each node, the clocks w_u t_k and their survival e^(-w_u t_k)
+    // stored in `clock` and `density` (node-major) where asked.
+    double survival_sum(int k, double* clock_row, double* survive_row) {
+        const int S = stride();
+        Eight sum = {};
+        for (int b = 0; b < S; b += LANES) {
+            const Eight cl = load(&weights[b]) * nodes_t[k];
+            const Eight sv = exp8(-cl);
+            if (clock_row != nullptr) {
+                store(clock_row + b, cl);
+                store(survive_row + b, sv);
+            }
+            sum += load(&padded_masses[b]) * sv;
+        }
+        return lane_sum(sum);
     }
 
     // theory._race.race_marginal (jacobian=True); false where the window passes WIDE (the log-space clocks).
@@ -63,82 +195,59 @@ struct Race {
         double s0;
         const int K = nodes(lw, c.tail_low, s0);
         if (s0 + c.step * (K - 1) > c.wide) return false;
-        std::vector<double> t(K), w(U);
-        for (int k = 0; k < K; ++k) t[k] = std::exp(s0 + c.step * k);
-        for (int u = 0; u < U; ++u) w[u] = std::exp(lw[u]);
-        clock.resize(static_cast<std::size_t>(U) * K);
-        survive.resize(clock.size());
-        phi.assign(K, 0.0);
-        for (int u = 0; u < U; ++u) {
-            double* cl = &clock[static_cast<std::size_t>(u) * K];
-            double* sv = &survive[static_cast<std::size_t>(u) * K];
-            for (int k = 0; k < K; ++k) {
-                cl[k] = w[u] * t[k];
-                sv[k] = std::exp(-cl[k]);
-                phi[k] += masses[u] * sv[k];
-            }
-        }
+        prepare(lw, s0, K);
+        const int S = stride();
+        const std::size_t cells = static_cast<std::size_t>(K) * S;
+        clock.resize(cells);
+        density.resize(cells);
+        weighted.resize(cells);
+        slope.resize(cells);
+        scaled.resize(cells);
+        weighted_scaled.resize(cells);
+        phi.resize(K);
         power_k.resize(K);
         for (int k = 0; k < K; ++k) {
-            phi[k] = lower + phi[k];
+            phi[k] = lower + survival_sum(k, &clock[static_cast<std::size_t>(k) * S], &density[static_cast<std::size_t>(k) * S]);
             power_k[k] = power(phi[k], n - 2);
+        }
+        // Local pointers: stores through double* would otherwise make GCC reload the vectors' data pointers.
+        const double *cl_table = clock.data(), *sv_table = density.data(), *mass = padded_masses.data();
+        double *wt_table = weighted.data(), *slope_table = slope.data(), *sc_table = scaled.data(), *ws_table = weighted_scaled.data();
+        for (int k = 0; k < K; ++k) {
+            const double top_power = power_k[k] * phi[k], node_power = power_k[k];
+            const std::size_t row = static_cast<std::size_t>(k) * S;
+            for (int b = 0; b < S; b += LANES) {
+                const Eight cl = load(cl_table + row + b);
+                const Eight dens = cl * load(sv_table + row + b);  // w t e^(-w t)
+                const Eight wt = dens * top_power;
+                const Eight sc = dens * load(mass + b);
+                store(wt_table + row + b, wt);
+                store(slope_table + row + b, (1.0 - cl) * wt);
+                store(sc_table + row + b, sc);
+                store(ws_table + row + b, sc * node_power);
+            }
         }
         // Lower tail (theory._race._lower_tail), to second order in t.
         double mass_total = pairwise(masses, U);
         double weighted_sum = 0.0;
-        for (int u = 0; u < U; ++u) weighted_sum += masses[u] * w[u];
+        for (int u = 0; u < U; ++u) weighted_sum += masses[u] * weights[u];
         double total = lower + mass_total;
         double tail_power = power(total, n - 2);
-        double start = t[0];
-        weighted.resize(clock.size());
-        row.resize(K);
-        // (K, U) node-major with rows padded with zeros to a multiple of 8: the Hessian's inner loop runs over v.
-        const int stride = (U + 7) / 8 * 8;
-        scaled.assign(static_cast<std::size_t>(K) * stride, 0.0);
-        for (int u = 0; u < U; ++u) {
-            double* cl = &clock[static_cast<std::size_t>(u) * K];
-            double* sv = &survive[static_cast<std::size_t>(u) * K];
-            double* wt = &weighted[static_cast<std::size_t>(u) * K];
-            for (int k = 0; k < K; ++k) {
-                double density = cl[k] * sv[k];
-                wt[k] = density * (power_k[k] * phi[k]);
-                scaled[static_cast<std::size_t>(k) * stride + u] = density * masses[u];
-            }
-            double linear = c.step * start / std::expm1(c.step) * (tail_power * total) * w[u];
-            double drift = w[u] * (tail_power * total) + (n - 1) * tail_power * weighted_sum;
-            double quadratic = c.step * start * start / std::expm1(2.0 * c.step) * w[u] * drift;
-            double nq = n * masses[u];
-            r[u] = nq * (c.step * pairwise(wt, K) + (linear - quadratic));
-            for (int k = 0; k < K; ++k) row[k] = (1.0 - cl[k]) * wt[k];
-            hessian[static_cast<std::size_t>(u) * U + u] = nq * (c.step * pairwise(row.data(), K) + linear);
-        }
-        // cross_uv = n (n - 1) h sum_k scaled_uk power_k scaled_vk, subtracted from the diagonal matrix.
-        // Symmetric: for 4 rows u at a time, blocks of 8 columns v from the diagonal's block on, each summed over
-        // the nodes in registers (4 independent FMA chains share each load), then mirrored. `weighted_scaled` is
-        // scaled * power, so that each node costs one load, four broadcasts and four FMAs.
-        weighted_scaled.resize(scaled.size());
-        for (int k = 0; k < K; ++k)
-            for (int u = 0; u < stride; ++u)
-                weighted_scaled[static_cast<std::size_t>(k) * stride + u] = scaled[static_cast<std::size_t>(k) * stride + u] * power_k[k];
-        double factor = n * (n - 1) * c.step;
-        for (int u0 = 0; u0 < U; u0 += 4) {
-            for (int v0 = u0 - u0 % 8; v0 < U; v0 += 8) {
-                Eight sum[4] = {};
-                for (int k = 0; k < K; ++k) {
-                    const double* sk = &scaled[static_cast<std::size_t>(k) * stride];
-                    const double* wk = &weighted_scaled[static_cast<std::size_t>(k) * stride];
-                    Eight block;  // columns v0 .. v0 + 7 of node k
-                    std::memcpy(&block, sk + v0, sizeof block);
-                    for (int i = 0; i < 4; ++i) sum[i] += wk[u0 + i] * block;
-                }
-                for (int u = u0; u < std::min(U, u0 + 4); ++u)
-                    for (int v = std::max(u, v0); v < std::min(U, v0 + 8); ++v) {
-                        double term = factor * sum[u - u0][v - v0];
-                        hessian[static_cast<std::size_t>(u) * U + v] -= term;
-                        if (v != u) hessian[static_cast<std::size_t>(v) * U + u] -= term;
-                    }
+        double start = nodes_t[0];
+        for (int b = 0; b < S; b += LANES) {
+            const Eight weighted_nodes = pairwise_columns(&weighted[b], K, S);
+            const Eight slope_nodes = pairwise_columns(&slope[b], K, S);
+            for (int u = b; u < std::min(U, b + LANES); ++u) {
+                const double w = weights[u];
+                double linear = c.step * start / std::expm1(c.step) * (tail_power * total) * w;
+                double drift = w * (tail_power * total) + (n - 1) * tail_power * weighted_sum;
+                double quadratic = c.step * start * start / std::expm1(2.0 * c.step) * w * drift;
+                double nq = n * masses[u];
+                r[u] = nq * (c.step * weighted_nodes[u - b] + (linear - quadratic));
+                hessian[static_cast<std::size_t>(u) * U + u] = nq * (c.step * slope_nodes[u - b] + linear);
             }
         }
+        subtract_cross(scaled.data(), weighted_scaled.data(), U, K, S, n * (n - 1) * c.step, hessian.data());
         return true;
     }
 
@@ -166,7 +275,7 @@ struct Race {
     }
 
     // theory._race.race_potential: E[log sum w(X_i); C on top]; false where the window passes WIDE.
-    bool potential(const std::vector<double>& lw, double& out) const {
+    bool potential(const std::vector<double>& lw, double& out) {
         const int U = units;
         if (n == 2) {
             double value = 0.0, linear = 0.0;
@@ -192,17 +301,14 @@ struct Race {
         double s0;
         const int K = nodes(shifted, c.low, s0);
         if (s0 + c.step * (K - 1) > c.wide) return false;
+        shifted.pop_back();
+        prepare(shifted, s0, K);
         std::vector<double> terms(K);
-        std::vector<double> w(U + 1);
-        for (int u = 0; u <= U; ++u) w[u] = std::exp(shifted[u]);
         double total = std::pow(lower + pairwise(masses, U), n) - std::pow(lower, n);
         double lower_n = std::pow(lower, n);
         for (int k = 0; k < K; ++k) {
-            double t = std::exp(s0 + c.step * k);
-            double phi = 0.0;
-            for (int u = 0; u < U; ++u) phi += std::exp(-w[u] * t) * masses[u];
-            phi = lower + phi;
-            terms[k] = total * std::exp(-w[U] * t) - (std::pow(phi, n) - lower_n);
+            double phi = lower + survival_sum(k, nullptr, nullptr);
+            terms[k] = total * std::exp(-nodes_t[k]) - (std::pow(phi, n) - lower_n);
         }
         out = c.step * pairwise(terms.data(), K) + top * total;
         return true;
@@ -255,7 +361,7 @@ extern "C" int specbound_race_fit(double lower, const double* masses, const doub
                                   double max_step, double tolerance, int max_iterations, int max_halvings,
                                   double* out_log_weights, double* out_r) {
     const int U = units;
-    Race race{lower, masses, U, n, {step, low, high, tail_low, wide, floor, max_step, tolerance, max_iterations, max_halvings}, {}, {}, {}, {}, {}, {}, {}, {}};
+    Race race{lower, masses, U, n, {step, low, high, tail_low, wide, floor, max_step, tolerance, max_iterations, max_halvings}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
     const Constants& c = race.c;
     // singleton_bounds: the range (l_u, h_u) of r_u, the heaviest unit's complement summed directly.
     double total = pairwise(masses, U);
@@ -363,4 +469,16 @@ extern "C" int specbound_race_fit(double lower, const double* masses, const doub
     std::copy(best_lw.begin(), best_lw.end(), out_log_weights);
     std::copy(best_r.begin(), best_r.end(), out_r);
     return 0;
+}
+
+// exp8 over an array (whole vectors, then the rest padded): how tests/theory/test_native.py checks its accuracy.
+extern "C" void specbound_exp(const double* x, double* out, std::int64_t size) {
+    std::int64_t i = 0;
+    for (; i + LANES <= size; i += LANES) store(out + i, exp8(load(x + i)));
+    if (i < size) {
+        double rest[LANES] = {};
+        std::copy(x + i, x + size, rest);
+        const Eight value = exp8(load(rest));
+        for (std::int64_t j = i; j < size; ++j) out[j] = value[j - i];
+    }
 }
