@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from theory._native import cpuinfo as read_cpuinfo
 
 __all__ = [
     "DTYPE_NAMES",
@@ -48,19 +49,12 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
-    """The feature flags of the first CPU listed in ``cpuinfo`` (the ``flags`` line on x86 Linux).
+    """The feature flags of the first CPU listed in ``cpuinfo`` (``flags`` on x86 Linux, ``Features`` on ARM).
 
-    Returns an empty set when the file does not exist or lists no flags (macOS, Windows, most ARM kernels).
+    Returns an empty set when the file does not exist or lists no flags (macOS, Windows).
     """
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+    fields = read_cpuinfo(cpuinfo)
+    return frozenset(fields.get("flags", fields.get("Features", "")).split())
 
 
 def cpu_has_native_bf16(flags: Iterable[str] | None = None, capability: str | None = None) -> bool:

@@ -318,16 +318,19 @@ def _library():
     return _LIBRARY or None
 
 
-def cpuinfo() -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (``{}`` where there is none: not Linux)."""
+def cpuinfo(path: str | os.PathLike = "/proc/cpuinfo") -> dict[str, str]:
+    """The fields of ``/proc/cpuinfo`` (or ``path``), the first value of each: the first processor's, and the
+    fields 32-bit ARM kernels list after the processors (``Features``); ``{}`` where there is none (not Linux).
+
+    The one reader of the file: the native code's cache key and the executor's CPU checks
+    (:func:`executor.device.cpu_flags`, :mod:`executor.products`) use it."""
     fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as lines:
+        with open(path) as lines:
             for line in lines:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
+                key, colon, value = line.partition(":")
+                if colon:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
     return fields

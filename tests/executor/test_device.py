@@ -41,6 +41,29 @@ def test_avx512_without_the_bf16_flag_is_not_native_but_amx_capability_is():
     assert cpu_has_native_bf16(set(), capability="AMX")
 
 
+@pytest.mark.parametrize(
+    ("text", "flags"),
+    [
+        # aarch64: Features inside each processor's block
+        (
+            "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16\n\nprocessor\t: 1\nFeatures\t: fp\n",
+            "fp asimd bf16",
+        ),
+        # 32-bit ARM kernels: Features after the processors' blocks
+        (
+            "Processor\t: ARMv7 rev 10\nprocessor\t: 0\nBogoMIPS\t: 790\n\nprocessor\t: 1\n\nFeatures\t: swp half neon\n",
+            "swp half neon",
+        ),
+        # x86: the first processor's flags, not the second's
+        (EPYC_ZEN2 + "flags\t\t: fpu\n", "fpu sse2 avx avx2 fma"),
+    ],
+)
+def test_cpu_flags_are_the_first_processors_on_x86_and_arm(tmp_path, text, flags):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    assert cpu_flags(path) == frozenset(flags.split())
+
+
 def test_missing_cpuinfo_gives_no_flags(tmp_path):
     assert cpu_flags(tmp_path / "absent") == frozenset()
 
