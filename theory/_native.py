@@ -452,6 +452,7 @@ def _declared(loaded):
 
 def _probe(library):
     """The library, once each function reproduces numpy on a fixed input."""
+    _probe_exp(library.specbound_exp)
     _probe_race_fit(library.specbound_race_fit)
     _probe_bucketed(library.specbound_bucketed)
     _probe_class_units(library.specbound_class_units)
@@ -534,6 +535,18 @@ def _probe_bucketed(function):
             np.array_equal(a, b) for a, b in zip(native, _buckets.item_arrays(expected), strict=True)
         ):
             raise RuntimeError("its probe buckets disagree with numpy's")
+
+
+def _probe_exp(function):
+    """Its vectorised exp is within 2 ulp of numpy's from e^-745 (the race's clocks reach it) to e^709. Why a
+    probe of its own: an exp off by 1e-13 relative at large arguments passed the marginal's probe and the
+    enumeration tests, yet made fits 2-4 times slower."""
+    x = np.concatenate([np.linspace(-745.0, 709.0, 4099), np.linspace(-1.0, 1.0, 1025)])
+    value = np.empty_like(x)
+    function(x.ctypes.data, value.ctypes.data, x.size)
+    expected = np.exp(x)
+    if not np.all(np.abs(value - expected) <= 2.0 * np.spacing(expected)):
+        raise RuntimeError("its exp disagrees with numpy's")
 
 
 def _probe_race_fit(function):

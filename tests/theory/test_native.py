@@ -258,6 +258,23 @@ def test_a_library_whose_marginal_disagrees_is_refused():
         native._probe_race_fit(off)
 
 
+def test_a_library_whose_exp_is_off_by_1e_13_is_refused():
+    """Negative control of the exp's probe: the real function with its values moved by 1e-13 relative (as
+    dropping ln 2's low part moves them near e^700)."""
+    require_native_code()
+    function = native._library().specbound_exp
+
+    def off(x, out, size):
+        function(x, out, size)
+        np.ctypeslib.as_array(ctypes.cast(out, ctypes.POINTER(ctypes.c_double)), shape=(size,))[:] *= (
+            1.0 + 1e-13
+        )
+
+    native._probe_exp(function)
+    with pytest.raises(RuntimeError, match="exp disagrees"):
+        native._probe_exp(off)
+
+
 def test_a_library_whose_buckets_disagree_is_refused():
     """Negative control of the buckets' probe: the real function with one item's q moved by one ulp."""
     require_native_code()
