@@ -43,12 +43,13 @@ def distribution_with_sums(value, name: str) -> tuple[np.ndarray, np.ndarray]:
     if array.shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (shape {array.shape})")
     sums = array.sum(axis=-1)
-    if not (array.min() >= 0 and np.all(np.isfinite(sums))):
-        if not np.all(np.isfinite(array)):
+    # Array methods, not numpy's functions of the same name: the calls on the sums cost more than the passes.
+    if not (array.min() >= 0 and np.isfinite(sums).all()):
+        if not np.isfinite(array).all():
             raise ValueError(f"{name} contains NaN or infinite entries")
-        if np.any(array < 0):
+        if (array < 0).any():
             raise ValueError(f"{name} contains negative entries (smallest {array.min():.3g})")
-    worst = np.max(np.abs(sums - 1.0))
+    worst = np.abs(sums - 1.0).max()
     if not worst <= SUM_TOLERANCE:  # also an infinite sum of finite entries
         flat = np.ravel(sums)
         raise ValueError(
@@ -73,6 +74,8 @@ def distribution_pair_with_sums(p, q, p_name: str = "p", q_name: str = "q"):
             f"{p_name} and {q_name} must share the vocabulary axis: {p_name} has {p.shape[-1]} tokens, "
             f"{q_name} has {q.shape[-1]}"
         )
+    if p.shape == q.shape:  # nothing to broadcast (the usual call)
+        return p, q, p_sums, q_sums
     try:
         p, q = np.broadcast_arrays(p, q)
     except ValueError:
