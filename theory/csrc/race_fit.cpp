@@ -145,6 +145,9 @@ struct Race {
     // Scratch, reused across evaluations: (K, stride) node-major tables, units along the rows padded to a
     // multiple of eight with zero masses and weights (zero density: the padding adds nothing to any sum).
     std::vector<double> padded_masses, weights, nodes_t, clock, density, weighted, slope, scaled, weighted_scaled, phi, power_k;
+    // The last evaluation's cross term, not yet subtracted (finish_hessian): the last evaluation of a fit and every
+    // rejected trial never need it, and it is the O(U^2 K) part of an evaluation.
+    int pending_nodes = 0;
 
     // Quadrature nodes s = ln t from `low` (shifted by the largest log-weight) past HIGH - min(log-weights).
     int nodes(const std::vector<double>& lw, double low, double& first) const {
@@ -184,11 +187,13 @@ struct Race {
         return lane_sum(sum);
     }
 
-    // theory._race.race_marginal (jacobian=True); false where the window passes WIDE (the log-space clocks).
+    // theory._race.race_marginal (jacobian=True: the diagonal here, the cross term in finish_hessian); false where
+    // the window passes WIDE (the log-space clocks).
     bool marginal(std::vector<double> lw, std::vector<double>& r, std::vector<double>& hessian) {
         const int U = units;
         r.assign(U, 0.0);
         hessian.assign(static_cast<std::size_t>(U) * U, 0.0);
+        pending_nodes = 0;
         if (n == 2) return bradley_terry(lw, r, hessian);
         double top = max_of(lw);
         for (double& x : lw) x -= top;
@@ -247,8 +252,16 @@ struct Race {
                 hessian[static_cast<std::size_t>(u) * U + u] = nq * (c.step * slope_nodes[u - b] + linear);
             }
         }
-        subtract_cross(scaled.data(), weighted_scaled.data(), U, K, S, n * (n - 1) * c.step, hessian.data());
+        pending_nodes = K;  // the cross term waits for finish_hessian
         return true;
+    }
+
+    // Subtracts the cross term of the last marginal evaluation from its `hessian` (a no-op for n = 2, whose
+    // Hessian is complete). Only the latest evaluation's tables are kept, so call it before evaluating again.
+    void finish_hessian(std::vector<double>& hessian) {
+        if (pending_nodes == 0) return;
+        subtract_cross(scaled.data(), weighted_scaled.data(), units, pending_nodes, stride(), n * (n - 1) * c.step, hessian.data());
+        pending_nodes = 0;
     }
 
     bool bradley_terry(const std::vector<double>& lw, std::vector<double>& r, std::vector<double>& hessian) {
@@ -399,6 +412,7 @@ extern "C" int specbound_race_fit(double lower, const double* masses, const doub
     std::vector<double> root(U), inverse_root(U), null(U), system(static_cast<std::size_t>(U) * U), step_vec(U), trial(U), trial_r, trial_hessian;
     for (int iteration = 0; iteration < c.max_iterations; ++iteration) {
         if (error <= c.tolerance) break;
+        race.finish_hessian(hessian);  // the current point was the last evaluated (its tables are kept)
         double norm = 0.0;
         for (int u = 0; u < U; ++u) {
             root[u] = std::sqrt(std::max(std::fabs(hessian[static_cast<std::size_t>(u) * U + u]), 1e-300));
