@@ -39,7 +39,14 @@ from collections.abc import Sequence
 import torch
 
 from executor.optimal_verification import verify_optimal
-from executor.sampling import _draw, check_generator, check_probabilities, float64_rows, top_tokens
+from executor.sampling import (
+    _draw,
+    check_generator,
+    check_probabilities,
+    first_argmax,
+    float64_rows,
+    top_tokens,
+)
 from theory.verifier_table import VERIFIERS, check_draft_count, verifier_draft_law
 from theory.verifiers.iid import (  # the twins search alike
     KSEQ_BISECTION_STEPS,
@@ -177,7 +184,7 @@ def verify_chain_argmax(target: torch.Tensor, drafts: torch.Tensor) -> tuple[tor
         raise ValueError("target contains NaN entries")
     gamma = target.shape[-2] - 1
     drafts = _check_tokens(drafts, "drafts", (*target.shape[:-2], gamma), target.shape[-1])
-    greedy = target.argmax(dim=-1)
+    greedy = first_argmax(target)
     n_accepted = (drafts == greedy[..., :gamma]).to(torch.int64).cumprod(dim=-1).sum(dim=-1)
     return n_accepted, greedy.gather(-1, n_accepted.unsqueeze(-1)).squeeze(-1)
 
@@ -215,7 +222,7 @@ def verify_tree_argmax(
     if target.dim() != 2 or bool(torch.isnan(target.amax(dim=-1)).any()):
         raise ValueError(f"target must be a 2-d tensor without NaN, got shape {tuple(target.shape)}")
     tokens = _check_tokens(tokens, "tokens", (size,), target.shape[-1])
-    greedy = target.argmax(dim=-1).tolist()
+    greedy = first_argmax(target).tolist()
     token_of = tokens.tolist()
     children: list[list[int]] = [[] for _ in range(size)]
     for node in range(1, size):
@@ -458,7 +465,7 @@ def _verify_greedy(p, q, drafts, generator):
 
 
 def _verify_argmax(p, q, drafts, generator):
-    return p.argmax(dim=-1)
+    return first_argmax(p)
 
 
 _KERNELS = {

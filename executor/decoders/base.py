@@ -26,7 +26,7 @@ from numbers import Integral
 import torch
 
 from executor.logs import GenerationResult, StepLog, parse_log_mode, record_distributions
-from executor.sampling import logits_to_probs, sample_token
+from executor.sampling import first_argmax, logits_to_probs, sample_token
 from theory.checks import as_count, as_nonnegative
 
 __all__ = [
@@ -76,7 +76,7 @@ class Sampling:
     def draw(self, probs: torch.Tensor, generator: torch.Generator) -> int:
         """One token from a single distribution; greedy takes the argmax without consuming randomness."""
         if self.greedy:
-            return int(probs.argmax())
+            return int(first_argmax(probs))
         return int(sample_token(probs, generator))
 
 

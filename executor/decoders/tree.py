@@ -21,9 +21,11 @@ children of a node is fixed from ``q`` before they are drawn, which keeps the dy
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
@@ -138,7 +140,11 @@ class TreeDecoder(Decoder):
     # Drafting -------------------------------------------------------------------------------------------
 
     def _support(self, logits: torch.Tensor, q: torch.Tensor) -> int:
-        return int(torch.isfinite(logits).sum()) if self.sampling.greedy else int((q > 0).sum())
+        """Tokens the law can draw: finite logits (greedy; probs() has rejected NaN and +inf) or q > 0."""
+        values, floor = (logits, -math.inf) if self.sampling.greedy else (q, 0.0)
+        if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+            return int(np.count_nonzero(values.detach().numpy() > floor))  # 9-18 us, torch's count 65-140
+        return int((values > floor).sum())
 
     def _draw_children(self, tree: DraftTree, node: int, logits: torch.Tensor, count: int, generator) -> None:
         """Draw ``count`` children of ``node`` (fewer if the law cannot) and attach them."""

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import executor.sampling as sampling
 from executor.sampling import (
     TORCH_DRAFT_LAWS,
+    first_argmax,
     logits_to_probs,
     sample_drafts,
     sample_drafts_unchecked,
@@ -248,6 +249,35 @@ def test_wor_drafts_are_distinct_tokens_of_the_support(weights, seed):
             assert len(set(row)) == n and all(q[token] > 0 for token in row)
             if n == support:
                 assert sorted(row) == torch.nonzero(q > 0).reshape(-1).tolist()
+
+
+ENTRIES = st.sampled_from([float("-inf"), -1.0, 0.0, 0.5, 1.0, float("inf"), float("nan")])
+
+
+@given(
+    st.lists(st.lists(ENTRIES, min_size=5, max_size=5), min_size=1, max_size=3),
+    st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_first_argmax_is_torchs_argmax_on_ties_infinities_and_nan(rows, dtype, keepdim, one_row):
+    x = torch.tensor(rows[0] if one_row else rows, dtype=dtype)
+    expected = x.argmax(dim=-1, keepdim=keepdim)
+    got = first_argmax(x, keepdim=keepdim)
+    assert got.dtype == torch.int64 and got.shape == expected.shape
+    assert torch.equal(got, expected)
+
+
+@given(
+    st.lists(st.sampled_from([float("-inf"), -1.0, 0.0, 1.0]), min_size=2, max_size=12), st.integers(1, 12)
+)
+def test_top_tokens_of_masked_logits_is_the_stable_descending_order(logits, k):
+    """Rows with -inf entries (a reduced draft vocabulary's logits) and ties, k up to the whole row: the first k
+    of a stable descending sort, whichever path top_tokens takes (first maxima one by one, or torch's)."""
+    x = torch.tensor(logits, dtype=torch.float32)
+    k = min(k, len(logits))
+    expected = torch.sort(x, descending=True, stable=True).indices[:k]
+    assert torch.equal(top_tokens(x, k).reshape(-1), expected)
 
 
 @given(
