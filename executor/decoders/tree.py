@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
-from executor.sampling import sample_drafts_unchecked, top_tokens
+from executor.sampling import largest_positive, sample_drafts_unchecked, top_tokens
 from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft_unchecked, verify_tree_argmax
 from theory.checks import as_choice, as_count
 
@@ -208,7 +208,7 @@ class TreeDecoder(Decoder):
             candidates = []
             for node, row in zip(frontier, logits, strict=True):
                 weights = row.softmax(-1) if self.sampling.greedy else self.sampling.probs(row)
-                values = torch.topk(weights, min(shape.branching, int((weights > 0).sum()))).values.tolist()
+                values = largest_positive(weights, shape.branching)
                 ranked[node] = values
                 candidates += [(scores[node] * value, node, rank) for rank, value in enumerate(values)]
             candidates.sort(key=lambda c: -c[0])

@@ -43,6 +43,7 @@ from executor.decoders.base import DecodingState
 from executor.methods._common import MethodDrafter, check_exit_layer, checkpoint_cards, default_exit_layer
 from executor.methods.base import Method, Prediction
 from executor.methods.calibration import DepthAcceptance, depth_acceptance
+from executor.sampling import largest_positive
 from theory.checks import as_count
 
 __all__ = ["DySpec", "DySpecDecoder", "Sequoia", "calibration_tree", "tree_acceptance"]
@@ -84,8 +85,7 @@ class DySpecDecoder(TreeDecoder):
 
     def _ranked(self, row: torch.Tensor) -> list[float]:
         weights = row.softmax(-1) if self.sampling.greedy else self.sampling.probs(row)
-        width = min(self.max_width, int((weights > 0).sum()))
-        return torch.topk(weights, width).values.tolist()
+        return largest_positive(weights, self.max_width)
 
     def draft(self, state: DecodingState, generator: torch.Generator) -> DraftTree:
         work = DraftTree(state.tokens[-1])

@@ -17,6 +17,7 @@ import executor.sampling as sampling
 from executor.sampling import (
     TORCH_DRAFT_LAWS,
     first_argmax,
+    largest_positive,
     logits_to_probs,
     sample_drafts,
     sample_drafts_unchecked,
@@ -266,6 +267,18 @@ def test_first_argmax_is_torchs_argmax_on_ties_infinities_and_nan(rows, dtype, k
     got = first_argmax(x, keepdim=keepdim)
     assert got.dtype == torch.int64 and got.shape == expected.shape
     assert torch.equal(got, expected)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.0, 0.1, 0.2, 0.5]), min_size=1, max_size=12),
+    st.integers(1, 20),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+def test_largest_positive_is_torch_topk_of_the_positive_entries(weights, count, dtype):
+    x = torch.tensor(weights, dtype=dtype)
+    positive = int((x > 0).sum())
+    expected = torch.topk(x, min(count, positive)).values.tolist()
+    assert largest_positive(x, count) == expected
 
 
 @given(
