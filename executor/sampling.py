@@ -264,7 +264,7 @@ def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
 def largest_positive(weights: torch.Tensor, count: int) -> list[float]:
     """The ``count`` largest positive entries of the 1-D ``weights`` (fewer where fewer are positive), largest
     first: what a dynamic tree ranks a node's candidate children by. On the CPU the count and the top entries
-    go through numpy (:func:`top_tokens`): ~40 against ~240 us with torch's count and topk at V = 49,152."""
+    go through numpy (:func:`top_tokens`): 78 against 249 us with torch's count and topk (three of 49,152)."""
     if weights.device.type == "cpu" and weights.dtype in (torch.float32, torch.float64):
         positive = int(np.count_nonzero(weights.detach().numpy() > 0))
     else:
