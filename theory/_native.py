@@ -294,11 +294,13 @@ def exp(x) -> np.ndarray | None:
     """e^x by the race's vectorised exp (``exp8`` in ``race_fit.cpp``, within 1 ulp of the C library's), or
     ``None`` where the native code is off: how its accuracy is tested."""
     library = _active()
-    if library is None:
-        return None
+    return None if library is None else _exp_with(library.specbound_exp, x)
+
+
+def _exp_with(function, x):
     x = np.ascontiguousarray(x, dtype=np.float64)
     out = np.empty_like(x)
-    library.specbound_exp(x.ctypes.data, out.ctypes.data, x.size)
+    function(x.ctypes.data, out.ctypes.data, x.size)
     return out
 
 
@@ -542,8 +544,7 @@ def _probe_exp(function):
     probe of its own: an exp off by 1e-13 relative at large arguments passed the marginal's probe and the
     enumeration tests, yet made fits 2-4 times slower."""
     x = np.concatenate([np.linspace(-745.0, 709.0, 4099), np.linspace(-1.0, 1.0, 1025)])
-    value = np.empty_like(x)
-    function(x.ctypes.data, value.ctypes.data, x.size)
+    value = _exp_with(function, x)
     expected = np.exp(x)
     if not np.all(np.abs(value - expected) <= 2.0 * np.spacing(expected)):
         raise RuntimeError("its exp disagrees with numpy's")
