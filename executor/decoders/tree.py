@@ -25,11 +25,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from executor.decoders.base import Decoder, DecodingState, DraftTree, Sampling, StepOutcome
-from executor.sampling import largest_positive, sample_drafts_unchecked, top_tokens
+from executor.sampling import count_above, largest_positive, sample_drafts_unchecked, top_tokens
 from executor.verification import VERIFIER_DRAFT_LAW, verify_multidraft_unchecked, verify_tree_argmax
 from theory.checks import as_choice, as_count
 
@@ -141,10 +140,7 @@ class TreeDecoder(Decoder):
 
     def _support(self, logits: torch.Tensor, q: torch.Tensor) -> int:
         """Tokens the law can draw: finite logits (greedy; probs() has rejected NaN and +inf) or q > 0."""
-        values, floor = (logits, -math.inf) if self.sampling.greedy else (q, 0.0)
-        if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-            return int(np.count_nonzero(values.detach().numpy() > floor))  # 9-18 us, torch's count 65-140
-        return int((values > floor).sum())
+        return count_above(logits, -math.inf) if self.sampling.greedy else count_above(q, 0.0)
 
     def _draw_children(self, tree: DraftTree, node: int, logits: torch.Tensor, count: int, generator) -> None:
         """Draw ``count`` children of ``node`` (fewer if the law cannot) and attach them."""
