@@ -1,6 +1,6 @@
 """The theory's hot loops in C++ (``theory/csrc``), built on first use with the machine's C++ compiler.
 
-Four functions, each the twin of a numpy function that stays its specification and the oracle of its tests
+Five functions, each the twin of a numpy function that stays its specification and the oracle of its tests
 (``tests/theory/test_native.py``):
 
 * :func:`race_fit` -- :func:`theory._race.fit_log_weights`. A class of the optimal verifier's build has a few
@@ -17,6 +17,9 @@ Four functions, each the twin of a numpy function that stays its specification a
   numpy calls around the three functions above and the token marginal's passes over the vocabulary, in one call
   that runs them directly. Its tables are numpy's to round-off (the C library's ``pow`` for numpy's); rows it
   does not finish (a refused fit, a first fit short of alpha* that numpy retries) go back to numpy.
+* :func:`build_row` -- :func:`theory.optimal_verifier._build_row`'s grouped path: the draft's support, the row cut
+  to it or its absent tokens listed, :func:`bucketed` and :func:`build_items`, and r and the token-to-item map
+  scattered over the vocabulary, in one call; bitwise the tables of the two calls made from Python.
 
 :func:`exp` exposes the fit's vectorised ``exp`` (eight lanes, within 1 ulp of the C library's) to its test.
 
@@ -51,6 +54,7 @@ __all__ = [
     "available",
     "bucketed",
     "build_items",
+    "build_row",
     "class_units",
     "cpuinfo",
     "enabled",
@@ -255,6 +259,69 @@ def _build_items_with(function, items, n, min_room, constants):
     return r, classes, logs, items.item, float(scalars[0]), float(scalars[1]), int(minimiser[0])
 
 
+def build_row(
+    p: np.ndarray, q: np.ndarray, n: int, group_below: float, row: np.ndarray, constants: np.ndarray
+):
+    """``(r, item_class, item_log_weight, acceptance, alpha, minimiser, item)`` of the grouped build of one row
+    (:func:`theory.optimal_verifier._build_row` with ``group_below > 0``, ``n >= 2``), or ``None`` where Python
+    builds it. ``row``: the values of :data:`BUILD_ROW_CONSTANT_NAMES`; ``constants``: those of
+    :data:`BUILD_CONSTANT_NAMES`."""
+    library = _active()
+    if library is None:
+        return None
+    return _build_row_with(library.specbound_build_row, p, q, n, group_below, row, constants)
+
+
+#: The row-level constants :func:`build_row` reads, in the order of ``specbound_build_row``'s ``row``.
+BUILD_ROW_CONSTANT_NAMES = (
+    "NEGLIGIBLE_Q",
+    "CUT_SUPPORT_BELOW",
+    "GROUPED_MIN_ROOM",
+    "TIGHT",
+    "MARGIN",
+    "SHIFT",
+    "COARSE_SHIFT",
+)
+
+
+def _build_row_with(function, p, q, n, group_below, row, constants):
+    vocab = p.shape[0]
+    # Item tables land in per-thread buffers and leave as copies of their first entries (as in _bucketed_with).
+    buffers = getattr(_OUTPUTS, "row_buffers", None)
+    if buffers is None or buffers[0].shape[0] <= vocab:
+        buffers = (np.empty(vocab + 1, np.int64), np.empty(vocab + 1), np.empty(2), np.empty(1, np.int64))
+        _OUTPUTS.row_buffers = buffers
+    classes, logs, scalars, minimiser = buffers
+    p, q = np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(q, dtype=np.float64)
+    r, item = np.empty(vocab), np.empty(vocab, np.int64)
+    items = function(
+        p.ctypes.data,
+        q.ctypes.data,
+        vocab,
+        n,
+        group_below,
+        row.ctypes.data,
+        constants.ctypes.data,
+        r.ctypes.data,
+        item.ctypes.data,
+        classes.ctypes.data,
+        logs.ctypes.data,
+        scalars.ctypes.data,
+        minimiser.ctypes.data,
+    )
+    if items < 0:
+        return None
+    return (
+        r,
+        classes[:items].copy(),
+        logs[:items].copy(),
+        float(scalars[0]),
+        float(scalars[1]),
+        int(minimiser[0]),
+        item,
+    )
+
+
 def class_units(
     capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int, constants
 ):
@@ -447,6 +514,10 @@ def _declared(loaded):
     build.restype = integer
     # p, q, low, high, single, count, items; token item, p, q, tokens; n, min room, constants; six outputs.
     build.argtypes = [pointer] * 6 + [wide] + [pointer] * 3 + [wide, integer, double] + [pointer] * 7
+    row = loaded.specbound_build_row
+    row.restype = wide
+    # p, q, vocab, n, group below, row constants, build constants; six outputs.
+    row.argtypes = [pointer, pointer, wide, integer, double] + [pointer] * 8
     loaded.specbound_exp.restype = None
     loaded.specbound_exp.argtypes = [pointer, pointer, wide]
     return loaded
@@ -459,7 +530,41 @@ def _probe(library):
     _probe_bucketed(library.specbound_bucketed)
     _probe_class_units(library.specbound_class_units)
     _probe_build_items(library.specbound_build_items)
+    _probe_build_row(library.specbound_build_row)
     return library
+
+
+def _probe_build_row(function):
+    """On a fixed 4,096-token row with every token drafted, a tenth left out (passed whole) and seven tenths
+    left out (cut to the support), n = 2, 4: numpy's token-to-item map, classes, alpha* and acceptance, r = 0
+    off the support, and per class the marginal's sum (as :func:`_probe_build_items`)."""
+    builder = importlib.import_module("theory.optimal_verifier")
+    rng = np.random.default_rng(3)
+    p, q = rng.dirichlet(np.full(4096, 0.5)), rng.dirichlet(np.full(4096, 0.5))
+    for left_out in (0.0, 0.1, 0.7):
+        drafted = np.where(rng.random(4096) < left_out, 0.0, q)
+        drafted /= drafted.sum()
+        for n in (2, 4):
+            row, constants = builder._build_row_constants(), builder._build_constant_values()
+            built = _build_row_with(function, p, drafted, n, builder.GROUP_BELOW, row, constants)
+            with enabled(False):  # numpy alone (the lock is held: no native call may load the library)
+                expected = builder._build_row(p, drafted, n, builder.GROUP_BELOW, False)
+            if not isinstance(built, tuple) or not _same_row(built, expected, drafted):
+                raise RuntimeError("its probe row build disagrees with numpy's")
+
+
+def _same_row(built, expected, q) -> bool:
+    """The native row's tables against numpy's :class:`theory.optimal_verifier._Tables` of the same row."""
+    r, classes, _, accepted, alpha, minimiser, item = built
+    if not (np.array_equal(item, expected.item) and np.array_equal(classes, expected.item_class)):
+        return False
+    if minimiser != expected.minimiser_size or abs(alpha - expected.alpha_star) > 1e-15:
+        return False
+    if abs(accepted - expected.acceptance) > 1e-14 or r.min() < 0 or np.any(r[q == 0] != 0.0):
+        return False
+    # Classes from -1 (the absent tokens' item) up, counted from 0.
+    sums, expected_sums = (np.bincount(classes[item] + 1, weights=x) for x in (r, expected.marginal))
+    return bool(np.allclose(sums, expected_sums, rtol=1e-12, atol=1e-16))
 
 
 def _probe_build_items(function):

@@ -387,6 +387,12 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fi
         log_weight = np.where(q > 0, 0.0, -np.inf)
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
+    if (
+        group_below > 0
+    ):  # the grouped build in one native call where it is built (None: Python builds the row)
+        native = _native.build_row(p, q, n, group_below, _build_row_constants(), _build_constant_values())
+        if native is not None:
+            return _Tables(*native)
     positive = q >= NEGLIGIBLE_Q
     full = bool(positive.all())  # a full-vocabulary draft: no gathers and scatters over the vocabulary
     support = None if full else np.flatnonzero(positive)
@@ -540,6 +546,29 @@ def _build_constants() -> dict:
         **{f"UNIT_{name}": value for name, value in UNIT_CONSTANTS.items()},
         **RACE_CONSTANTS,
     }
+
+
+def _build_constant_values() -> np.ndarray:
+    """:func:`_build_constants` as the float64 array of :data:`theory._native.BUILD_CONSTANT_NAMES`."""
+    constants = _build_constants()
+    return np.array([constants[name] for name in _native.BUILD_CONSTANT_NAMES])
+
+
+def _build_row_constants() -> np.ndarray:
+    """The row-level constants of the native grouped build, in the order of
+    :data:`theory._native.BUILD_ROW_CONSTANT_NAMES` (read when called, as :func:`_build_constants`)."""
+    bucket = _buckets.NATIVE_CONSTANTS
+    coarse_shift = bucket["FINE_BITS"] - bucket["COARSE_BITS"]
+    values = (
+        NEGLIGIBLE_Q,
+        CUT_SUPPORT_BELOW,
+        GROUPED_MIN_ROOM,
+        TIGHT,
+        bucket["MARGIN"],
+        bucket["SHIFT"],
+        coarse_shift,
+    )
+    return np.array(values, dtype=np.float64)
 
 
 def _class_units(capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int):

@@ -5,9 +5,10 @@ Oracles: numpy's :func:`theory._race.race_marginal` evaluated at the native fit'
 verifier uses must be its race's; losslessness needs nothing else), numpy's fit on the same class (the same
 targets reached), numpy's :func:`theory._buckets._bucketed` (the same items, bitwise), numpy's unit partition,
 numpy's build of a row's tables from its items (:func:`theory.optimal_verifier._build_items_in_numpy`, around
-the same native units and fits), and builds of the optimal verifier with the native code on and off on logged
-SmolLM2 pairs and LM-like rows. The enumeration tests of ``test_optimal_verifier.py`` run on both. The build's
-own safety: a library whose marginal, buckets, units or build disagree is refused, a missing compiler leaves
+the same native units and fits), the buckets and the build called one after the other (the one-call row build,
+bitwise), and builds of the optimal verifier with the native code on and off on logged SmolLM2 pairs and LM-like
+rows. The enumeration tests of ``test_optimal_verifier.py`` run on both. The build's own safety: a library whose
+marginal, buckets, units, build or row build disagree is refused, a missing compiler leaves
 numpy in charge and says so, and the cached library is written whole."""
 
 from __future__ import annotations
@@ -332,6 +333,7 @@ def _recorded_class_units(monkeypatch, pairs):
     calls, make = [], native.class_units
     monkeypatch.setattr(native, "class_units", lambda *args: calls.append(args) or make(*args))
     monkeypatch.setattr(native, "build_items", lambda *args: None)
+    monkeypatch.setattr(native, "build_row", lambda *args: None)
     for p, q in pairs:
         for n in (2, 4, 8):
             optimal_tables(p, q, n, item_fit=False)
@@ -472,3 +474,85 @@ def test_a_library_whose_units_disagree_is_refused():
     native._probe_class_units(function)
     with pytest.raises(RuntimeError, match="units disagree"):
         native._probe_class_units(off)
+
+
+def _tables_with_and_without_the_row_build(p, q, n):
+    """``optimal_tables`` (grouped, the native code on) through the one-call row build and through the two
+    native calls it replaces, and whether the row build answered."""
+    require_native_code()
+    answered = []
+    row_build = native.build_row
+
+    def recording(*args):
+        built = row_build(*args)
+        answered.append(built is not None)
+        return built
+
+    with native.enabled(True), pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(native, "build_row", recording)
+        one_call = optimal_tables(p, q, n, group_below=verifier.GROUP_BELOW, item_fit=False)
+        monkeypatch.setattr(native, "build_row", lambda *args: None)
+        two_calls = optimal_tables(p, q, n, group_below=verifier.GROUP_BELOW, item_fit=False)
+    return one_call, two_calls, answered == [True]
+
+
+def _assert_same_tables(got, expected):
+    for name in ("marginal", "item_class", "item_log_weight", "item"):
+        a, b = getattr(got, name), getattr(expected, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert (got.acceptance, got.alpha_star, got.minimiser_size) == (
+        expected.acceptance,
+        expected.alpha_star,
+        expected.minimiser_size,
+    )
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 5, 8]), st.sampled_from([0.0, 0.2, 0.7]))
+def test_the_one_call_row_build_is_the_two_native_calls_bitwise(seed, n, zero_share):
+    """Every table of a grouped build, whether the draft covers the vocabulary, leaves a fifth of it out (the row
+    passed whole) or seven tenths (cut to its support), on LM-like rows of 500-6,000 tokens: bitwise the same
+    as the buckets and the build called one after the other."""
+    rng = np.random.default_rng(seed)
+    p, q = next(lm_like_rows(seed, 1, int(rng.integers(500, 6000)), zero_share=zero_share))
+    one_call, two_calls, answered = _tables_with_and_without_the_row_build(p, q, n)
+    assert answered
+    _assert_same_tables(one_call, two_calls)
+
+
+def test_the_one_call_row_build_hands_back_the_rows_python_must_build():
+    """A close full-vocabulary draft (the first unit fit short of alpha*: numpy's retries) and a draft equal to
+    the target (1 - alpha* = 0, below the grouped build's room: the exact path) are built by Python, the same
+    tables either way."""
+    rng = np.random.default_rng(5)
+    logits = 3.0 * rng.standard_normal(6000)
+    p = np.exp(logits - logits.max())
+    close = p * np.exp(0.05 * rng.standard_normal(6000))
+    for target, draft in ((p / p.sum(), close / close.sum()), (p / p.sum(), p / p.sum())):
+        one_call, two_calls, answered = _tables_with_and_without_the_row_build(target, draft, 8)
+        assert not answered
+        _assert_same_tables(one_call, two_calls)
+
+
+def test_a_library_whose_row_build_disagrees_is_refused():
+    """Negative control of the row build's probe: the real function with two tokens of different items
+    swapping items (a scatter gone wrong), and with the acceptance moved by 1e-13."""
+    require_native_code()
+    function = native._library().specbound_build_row
+
+    def swapped(*args):
+        items = function(*args)
+        item = np.ctypeslib.as_array(ctypes.cast(args[8], ctypes.POINTER(ctypes.c_int64)), shape=(args[2],))
+        other = int(np.flatnonzero(item != item[0])[0])
+        item[0], item[other] = item[other], item[0]
+        return items
+
+    def off(*args):
+        items = function(*args)
+        scalars = np.ctypeslib.as_array(ctypes.cast(args[11], ctypes.POINTER(ctypes.c_double)), shape=(2,))
+        scalars[0] += 1e-13
+        return items
+
+    native._probe_build_row(function)
+    for wrong in (swapped, off):
+        with pytest.raises(RuntimeError, match="row build disagrees"):
+            native._probe_build_row(wrong)

@@ -325,12 +325,13 @@ def test_very_peaked_pairs_build_few_units_and_stay_exact(monkeypatch, n):
     seen = []
     fit = module.fit_log_weights
     monkeypatch.setattr(module, "fit_log_weights", lambda *a: (seen.append(a[1].shape[0]), fit(*a))[1])
-    native_build = module._native.build_items
+    native_builds = module._native.build_items, module._native.build_row
     for draw, most, shortfall in ((7, 128, 1e-10), (8, module.MAX_UNITS, 5e-6)):
         p, q = _sweep_pair(draw)
         for counted in (True, False):  # numpy's code around the fits (units counted), then the native build
             seen.clear()
-            monkeypatch.setattr(module._native, "build_items", (lambda *a: None) if counted else native_build)
+            for name, build in zip(("build_items", "build_row"), native_builds, strict=True):
+                monkeypatch.setattr(module._native, name, (lambda *a: None) if counted else build)
             v = optimal_verifier(p, q, n)
             if counted:
                 assert max(seen) <= most, (draw, seen)
@@ -339,6 +340,7 @@ def test_very_peaked_pairs_build_few_units_and_stay_exact(monkeypatch, n):
             assert abs(v.acceptance - np.minimum(p, v.marginal).sum()) <= 1e-12
             assert v.shortfall <= shortfall, (draw, v.shortfall)
     monkeypatch.setattr(module._native, "build_items", lambda *a: None)
+    monkeypatch.setattr(module._native, "build_row", lambda *a: None)
     # Such pairs ask for hundreds of units with the cap lifted (a V = 4096 pair of the family of the 14th sweep
     # pair: scale 3, noise 0.3, T = 1.5; 434 units at n = 4): the cap is what binds on them, not the binning.
     seen.clear()
