@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.native import require_native_code
+from tests.theory.test_optimal_verifier import degenerate_pairs
 from theory._class_units import TIGHT
 from theory.optimal_verifier import optimal_tables
 
@@ -556,3 +557,22 @@ def test_a_library_whose_row_build_disagrees_is_refused():
     for wrong in (swapped, off):
         with pytest.raises(RuntimeError, match="row build disagrees"):
             native._probe_build_row(wrong)
+
+
+@given(degenerate_pairs(), st.integers(0, 3), st.integers(0, 2**32 - 1))
+def test_the_one_call_row_build_is_the_two_native_calls_bitwise_on_degenerate_pairs(case, padding, seed):
+    """The families that break verifiers (one-hot p or q, disjoint supports, q ~ 1e-18 or subnormal, p = q,
+    peaked q, alpha* = 1 with a tight set, ties, n above the draft's support), alone or among 10-1,000 tokens
+    the draft leaves out (cut to the support, or passed whole): the same tables, or both handed to Python."""
+    p, q, n = case
+    if n == 1:
+        n = 2
+    if padding:
+        rng = np.random.default_rng(seed)
+        extra = int(rng.integers(10, 1000)) if padding > 1 else p.shape[0]  # more absent tokens, or as many
+        p = np.concatenate([p, rng.dirichlet(np.ones(extra))]) / 2.0
+        q = np.concatenate([q, np.zeros(extra)])
+        order = rng.permutation(p.shape[0])
+        p, q = p[order] / p.sum(), q[order]
+    one_call, two_calls, _ = _tables_with_and_without_the_row_build(p, q, n)
+    _assert_same_tables(one_call, two_calls)
