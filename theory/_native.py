@@ -264,24 +264,13 @@ def build_row(
 ):
     """``(r, item_class, item_log_weight, acceptance, alpha, minimiser, item)`` of the grouped build of one row
     (:func:`theory.optimal_verifier._build_row` with ``group_below > 0``, ``n >= 2``), or ``None`` where Python
-    builds it. ``row``: the values of :data:`BUILD_ROW_CONSTANT_NAMES`; ``constants``: those of
-    :data:`BUILD_CONSTANT_NAMES`."""
+    builds it. ``row``: ``NEGLIGIBLE_Q``, ``CUT_SUPPORT_BELOW``, ``GROUPED_MIN_ROOM`` and ``TIGHT`` of the
+    build, then the buckets' ``MARGIN``, shift and coarse shift (:data:`theory._buckets.NATIVE_CONSTANTS`), as
+    float64; ``constants``: the values of :data:`BUILD_CONSTANT_NAMES`."""
     library = _active()
     if library is None:
         return None
     return _build_row_with(library.specbound_build_row, p, q, n, group_below, row, constants)
-
-
-#: The row-level constants :func:`build_row` reads, in the order of ``specbound_build_row``'s ``row``.
-BUILD_ROW_CONSTANT_NAMES = (
-    "NEGLIGIBLE_Q",
-    "CUT_SUPPORT_BELOW",
-    "GROUPED_MIN_ROOM",
-    "TIGHT",
-    "MARGIN",
-    "SHIFT",
-    "COARSE_SHIFT",
-)
 
 
 def _build_row_with(function, p, q, n, group_below, row, constants):

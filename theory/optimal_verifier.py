@@ -555,8 +555,8 @@ def _build_constant_values() -> np.ndarray:
 
 
 def _build_row_constants() -> np.ndarray:
-    """The row-level constants of the native grouped build, in the order of
-    :data:`theory._native.BUILD_ROW_CONSTANT_NAMES` (read when called, as :func:`_build_constants`)."""
+    """The row-level constants of the native grouped build, in the order :func:`theory._native.build_row` reads
+    them (read when called, as :func:`_build_constants`)."""
     bucket = _buckets.NATIVE_CONSTANTS
     coarse_shift = bucket["FINE_BITS"] - bucket["COARSE_BITS"]
     values = (
