@@ -387,9 +387,8 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fi
         log_weight = np.where(q > 0, 0.0, -np.inf)
         alpha = float(np.minimum(p, q).sum())
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
-    if (
-        group_below > 0
-    ):  # the grouped build in one native call where it is built (None: Python builds the row)
+    if group_below > 0:
+        # The grouped build in one native call where it is built (None: the Python below builds the row).
         native = _native.build_row(p, q, n, group_below, _build_row_constants(), _build_constant_values())
         if native is not None:
             return _Tables(*native)
