@@ -230,7 +230,7 @@ def _build_items_with(function, items, n, min_room, constants):
     single = np.ascontiguousarray(items.single, dtype=np.uint8)
     count, item = (np.ascontiguousarray(array, dtype=np.int64) for array in (items.count, items.item))
     p_tokens, q_tokens = (np.ascontiguousarray(x, dtype=np.float64) for x in (items.p_tokens, items.q_tokens))
-    values = np.array([constants[name] for name in BUILD_CONSTANT_NAMES], dtype=np.float64)
+    values = _values(constants, BUILD_CONSTANT_NAMES)
     r, classes, logs = np.empty(tokens), np.empty(size, np.int64), np.empty(size)
     scalars, minimiser = np.empty(2), np.empty(1, np.int64)
     status = function(
@@ -260,21 +260,35 @@ def _build_items_with(function, items, n, min_room, constants):
 
 
 def build_row(
-    p: np.ndarray, q: np.ndarray, n: int, group_below: float, row: np.ndarray, constants: np.ndarray
+    p: np.ndarray, q: np.ndarray, n: int, group_below: float, row: dict, buckets: dict, constants: dict
 ):
     """``(r, item_class, item_log_weight, acceptance, alpha, minimiser, item)`` of the grouped build of one row
     (:func:`theory.optimal_verifier._build_row` with ``group_below > 0``, ``n >= 2``), or ``None`` where Python
-    builds it. ``row``: ``NEGLIGIBLE_Q``, ``CUT_SUPPORT_BELOW``, ``GROUPED_MIN_ROOM`` and ``TIGHT`` of the
-    build, then the buckets' ``MARGIN``, shift and coarse shift (:data:`theory._buckets.NATIVE_CONSTANTS`), as
-    float64; ``constants``: the values of :data:`BUILD_CONSTANT_NAMES`."""
+    builds it. ``row``: the build's :data:`ROW_CONSTANT_NAMES`; ``buckets``: the constants :func:`bucketed`
+    takes; ``constants``: those :func:`build_items` takes."""
     library = _active()
     if library is None:
         return None
-    return _build_row_with(library.specbound_build_row, p, q, n, group_below, row, constants)
+    return _build_row_with(library.specbound_build_row, p, q, n, group_below, row, buckets, constants)
 
 
-def _build_row_with(function, p, q, n, group_below, row, constants):
+#: The build's constants :func:`build_row` reads by name, in the order of ``specbound_build_row``'s ``row``
+#: (the buckets' margin, shift and coarse shift follow them).
+ROW_CONSTANT_NAMES = ("NEGLIGIBLE_Q", "CUT_SUPPORT_BELOW", "GROUPED_MIN_ROOM", "TIGHT")
+
+
+def _values(constants: dict, names) -> np.ndarray:
+    """``constants`` as the float64 array a native function reads, in the order of ``names``."""
+    return np.array([constants[name] for name in names], dtype=np.float64)
+
+
+def _build_row_with(function, p, q, n, group_below, row, buckets, constants):
     vocab = p.shape[0]
+    shifts = buckets["SHIFT"], buckets["FINE_BITS"] - buckets["COARSE_BITS"]
+    row = np.array(
+        [*(row[name] for name in ROW_CONSTANT_NAMES), buckets["MARGIN"], *shifts], dtype=np.float64
+    )
+    constants = _values(constants, BUILD_CONSTANT_NAMES)
     # Item tables land in per-thread buffers and leave as copies of their first entries (as in _bucketed_with).
     buffers = getattr(_OUTPUTS, "row_buffers", None)
     if buffers is None or buffers[0].shape[0] <= vocab:
@@ -529,14 +543,16 @@ def _probe_build_row(function):
     the support, and per class the marginal's sum (as :func:`_probe_build_items`, which checks the build at
     n = 2 and 4; what is new here, the support and the scatters, does not depend on n; each numpy build of the
     oracle costs ~7 ms of the process's first native call)."""
+    from theory import _buckets
+
     builder = importlib.import_module("theory.optimal_verifier")
     rng = np.random.default_rng(3)
     p, q = rng.dirichlet(np.full(4096, 0.5)), rng.dirichlet(np.full(4096, 0.5))
     for left_out in (0.0, 0.1, 0.7):
         drafted = np.where(rng.random(4096) < left_out, 0.0, q)
         drafted /= drafted.sum()
-        row, constants = builder._build_row_constants(), builder._build_constant_values()
-        built = _build_row_with(function, p, drafted, 2, builder.GROUP_BELOW, row, constants)
+        constants = builder._build_row_constants(), _buckets.NATIVE_CONSTANTS, builder._build_constants()
+        built = _build_row_with(function, p, drafted, 2, builder.GROUP_BELOW, *constants)
         with enabled(False):  # numpy alone (the lock is held: no native call may load the library)
             expected = builder._build_row(p, drafted, 2, builder.GROUP_BELOW, False)
         if not isinstance(built, tuple) or not _same_row(built, expected, drafted):

@@ -389,7 +389,8 @@ def _build_row(p: np.ndarray, q: np.ndarray, n: int, group_below: float, item_fi
         return _Tables(q.copy(), class_id, log_weight, alpha, alpha, int(np.sum(p < q)))
     if group_below > 0:
         # The grouped build in one native call where it is built (None: the Python below builds the row).
-        native = _native.build_row(p, q, n, group_below, _build_row_constants(), _build_constant_values())
+        constants = _build_row_constants(), _buckets.NATIVE_CONSTANTS, _build_constants()
+        native = _native.build_row(p, q, n, group_below, *constants)
         if native is not None:
             return _Tables(*native)
     positive = q >= NEGLIGIBLE_Q
@@ -547,27 +548,15 @@ def _build_constants() -> dict:
     }
 
 
-def _build_constant_values() -> np.ndarray:
-    """:func:`_build_constants` as the float64 array of :data:`theory._native.BUILD_CONSTANT_NAMES`."""
-    constants = _build_constants()
-    return np.array([constants[name] for name in _native.BUILD_CONSTANT_NAMES])
-
-
-def _build_row_constants() -> np.ndarray:
-    """The row-level constants of the native grouped build, in the order :func:`theory._native.build_row` reads
-    them (read when called, as :func:`_build_constants`)."""
-    bucket = _buckets.NATIVE_CONSTANTS
-    coarse_shift = bucket["FINE_BITS"] - bucket["COARSE_BITS"]
-    values = (
-        NEGLIGIBLE_Q,
-        CUT_SUPPORT_BELOW,
-        GROUPED_MIN_ROOM,
-        TIGHT,
-        bucket["MARGIN"],
-        bucket["SHIFT"],
-        coarse_shift,
-    )
-    return np.array(values, dtype=np.float64)
+def _build_row_constants() -> dict:
+    """The constants the native grouped build of a row reads besides the buckets' and the build's
+    (:data:`theory._native.ROW_CONSTANT_NAMES`), read when called, as :func:`_build_constants`."""
+    return {
+        "NEGLIGIBLE_Q": NEGLIGIBLE_Q,
+        "CUT_SUPPORT_BELOW": CUT_SUPPORT_BELOW,
+        "GROUPED_MIN_ROOM": GROUPED_MIN_ROOM,
+        "TIGHT": TIGHT,
+    }
 
 
 def _class_units(capped, qs, ratio, slack, mass: float, above: bool, lower: float, n: int, bins: int):
